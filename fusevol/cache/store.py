@@ -1,0 +1,114 @@
+"""ObjectStore: the authoritative in-memory mirror of every object the sources deliver.
+
+One copy of each object, however many pods and volumes use it: payloads are built from the bytes
+held here and the FUSE tree shares them. A plain dict that never evicts (a cache that could forget
+an object would make a served volume lose its content); cachetools caches are for re-derivable data
+only (see `fusevol.cache.rendered`).
+
+Sources change the store through `upsert()` and `delete()`; both return whether anything changed,
+so a source may re-deliver an unchanged object for free. Every change bumps `generation` and wakes
+`wait_changed()`. `mark_synced()` records that a source has delivered its complete initial list:
+nothing is torn down before that (`wait_synced()`), so a restart never unmounts a volume whose pod
+simply has not been read yet.
+
+All calls happen on the trio thread; there are no locks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar, overload
+
+import trio
+
+from fusevol.model import ConfigMap, Kind, KubeObject, ObjectKey, Pod, Secret
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+_T = TypeVar("_T", Pod, ConfigMap, Secret)
+
+
+@dataclass(frozen=True, slots=True)
+class StoreStatistics:
+    objects_by_kind: dict[str, int]
+    generation: int
+    synced: bool
+
+
+class ObjectStore:
+    def __init__(self) -> None:
+        self._objects: dict[ObjectKey, KubeObject] = {}
+        self._generation = 0
+        self._changed = trio.Event()
+        self._synced = trio.Event()
+
+    # -- verbs used by sources ---------------------------------------------------------------------
+
+    def upsert(self, obj: KubeObject) -> bool:
+        """Store `obj`, replacing the object with the same key. False if it was already stored."""
+        if self._objects.get(obj.key) == obj:
+            return False
+        self._objects[obj.key] = obj
+        self._bump()
+        return True
+
+    def delete(self, key: ObjectKey) -> bool:
+        """Forget the object at `key`. No-op (False) if there is none."""
+        if self._objects.pop(key, None) is None:
+            return False
+        self._bump()
+        return True
+
+    def mark_synced(self) -> None:
+        """The source has delivered its complete initial state. Idempotent."""
+        if not self._synced.is_set():
+            self._synced.set()
+            self._bump()
+
+    # -- readers -----------------------------------------------------------------------------------
+
+    @overload
+    def get(self, key: ObjectKey, kind: type[_T]) -> _T | None: ...
+    @overload
+    def get(self, key: ObjectKey) -> KubeObject | None: ...
+
+    def get(self, key: ObjectKey, kind: type[_T] | None = None) -> KubeObject | None:
+        obj = self._objects.get(key)
+        if kind is not None and obj is not None and not isinstance(obj, kind):
+            return None
+        return obj
+
+    def list(self, kind: Kind) -> tuple[KubeObject, ...]:
+        return tuple(obj for key, obj in self._objects.items() if key.kind is kind)
+
+    def pods(self) -> Iterable[Pod]:
+        return tuple(obj for obj in self._objects.values() if isinstance(obj, Pod))
+
+    @property
+    def generation(self) -> int:
+        """Counts changes; compare two readings to learn whether anything changed in between."""
+        return self._generation
+
+    @property
+    def synced(self) -> bool:
+        return self._synced.is_set()
+
+    async def wait_synced(self) -> None:
+        await self._synced.wait()
+
+    async def wait_changed(self, since: int) -> None:
+        """Return as soon as `generation` differs from `since`."""
+        while self._generation == since:
+            await self._changed.wait()
+
+    def statistics(self) -> StoreStatistics:
+        counts: dict[str, int] = {}
+        for key in self._objects:
+            counts[key.kind.value] = counts.get(key.kind.value, 0) + 1
+        return StoreStatistics(counts, self._generation, self.synced)
+
+    def _bump(self) -> None:
+        self._generation += 1
+        self._changed.set()
+        self._changed = trio.Event()

@@ -1,0 +1,183 @@
+"""The Kubernetes objects fusevol acts on, as frozen fusevol types.
+
+Every source (the manifest directory today, the API server later) converts what it reads into these
+types on the way in, so nothing below `fusevol.source` ever sees YAML, JSON or a client object. Only
+the fields fusevol uses are kept. Names follow the Kubernetes API, in snake_case.
+
+This module imports nothing third-party and holds no behaviour beyond trivial derived properties.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import NewType
+
+PodUID = NewType("PodUID", str)
+"""`metadata.uid` of a pod."""
+
+VolumeName = NewType("VolumeName", str)
+"""`spec.volumes[].name`, unique within one pod."""
+
+UniqueVolumeName = NewType("UniqueVolumeName", str)
+"""Kubelet's unique name of a non-attachable pod volume: `<plugin name>/<pod uid>-<volume name>`."""
+
+ResourceVersion = NewType("ResourceVersion", str)
+"""`metadata.resourceVersion`: opaque, compared only for equality."""
+
+
+class Kind(enum.Enum):
+    """The kinds of object a source delivers."""
+
+    POD = "Pod"
+    CONFIG_MAP = "ConfigMap"
+    SECRET = "Secret"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectKey:
+    """Identity of a namespaced object."""
+
+    kind: Kind
+    namespace: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.kind.value.lower()} {self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMap:
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    data: Mapping[str, str] = field(default_factory=dict)
+    binary_data: Mapping[str, bytes] = field(default_factory=dict)
+    immutable: bool = False
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.CONFIG_MAP, self.namespace, self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class Secret:
+    """A Secret with its `data` already base64-decoded (and `stringData` merged, as the API does).
+
+    `__repr__` hides the bytes so that a stray log line cannot print them.
+    """
+
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    data: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    type: str = "Opaque"
+    immutable: bool = False
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.SECRET, self.namespace, self.name)
+
+
+# -- pod volumes -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KeyToPath:
+    """`items[]` of a configMap or secret volume: project `key` at relative `path` with `mode`."""
+
+    key: str
+    path: str
+    mode: int | None = None
+
+
+DEFAULT_MODE = 0o644
+"""API defaulting of `defaultMode` for configMap, secret, downwardAPI and projected volumes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMapVolumeSource:
+    name: str
+    items: tuple[KeyToPath, ...] = ()
+    default_mode: int = DEFAULT_MODE
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SecretVolumeSource:
+    secret_name: str
+    items: tuple[KeyToPath, ...] = ()
+    default_mode: int = DEFAULT_MODE
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class UnsupportedVolumeSource:
+    """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
+
+    type_name: str
+
+
+VolumeSource = ConfigMapVolumeSource | SecretVolumeSource | UnsupportedVolumeSource
+
+
+@dataclass(frozen=True, slots=True)
+class Volume:
+    name: VolumeName
+    source: VolumeSource
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeMount:
+    name: VolumeName
+    mount_path: str
+    read_only: bool = False
+    sub_path: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    name: str
+    volume_mounts: tuple[VolumeMount, ...] = ()
+    run_as_user: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Pod:
+    uid: PodUID
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    node_name: str = ""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    volumes: tuple[Volume, ...] = ()
+    containers: tuple[Container, ...] = ()
+    init_containers: tuple[Container, ...] = ()
+    fs_group: int | None = None
+    run_as_user: int | None = None
+    """`spec.securityContext.runAsUser`: the default for containers that set none."""
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.POD, self.namespace, self.name)
+
+
+KubeObject = Pod | ConfigMap | Secret
+
+
+# -- what a volume shows ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class FileProjection:
+    """One file of a payload: kubelet's `volumeutil.FileProjection`."""
+
+    data: bytes = field(repr=False)
+    mode: int
+    fs_user: int | None = None
+
+
+Payload = Mapping[str, FileProjection]
+"""Relative, validated, cleaned path -> file. Directories are implied by the paths."""
