@@ -1,0 +1,1 @@
+"""Payload builders: ConfigMap and Secret volumes as `{path: FileProjection}`, kubelet's way."""
