@@ -1,0 +1,63 @@
+"""ActualState: the volumes that are set up on this node, as kubelet's actual state of world.
+
+The reconciler marks a volume mounted only after its set-up succeeded, and unmounted only after
+its tear-down did, so this is never ahead of the node. Each entry remembers the inputs it was built
+from (object versions, the pod's volume spec) so the reconciler can tell when to refresh it.
+Named verbs, snapshots out, trio thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+    from pathlib import Path
+
+    from fusevol.layout import Plugin
+    from fusevol.model import PodUID, UniqueVolumeName, VolumeName
+
+
+class MountState(enum.Enum):
+    MOUNTED = "mounted"
+    UNCERTAIN = "uncertain"
+    """Found on the node after a restart, not yet confirmed by a set-up."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountedVolume:
+    name: UniqueVolumeName
+    plugin: Plugin
+    pod_uid: PodUID
+    volume_name: VolumeName
+    path: Path
+    """The pod volume directory."""
+    inputs: Hashable
+    """What the content was built from; a refresh is due when the desired inputs differ."""
+    state: MountState = MountState.MOUNTED
+
+
+class ActualState:
+    def __init__(self) -> None:
+        self._volumes: dict[UniqueVolumeName, MountedVolume] = {}
+
+    def mark_mounted(self, volume: MountedVolume) -> None:
+        self._volumes[volume.name] = volume
+
+    def mark_unmounted(self, name: UniqueVolumeName) -> None:
+        """No-op if the volume is not mounted."""
+        self._volumes.pop(name, None)
+
+    def get(self, name: UniqueVolumeName) -> MountedVolume | None:
+        return self._volumes.get(name)
+
+    def mounted_volumes(self) -> tuple[MountedVolume, ...]:
+        return tuple(self._volumes.values())
+
+    def pod_has_volumes(self, uid: PodUID) -> bool:
+        return any(v.pod_uid == uid for v in self._volumes.values())
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._volumes

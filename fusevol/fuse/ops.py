@@ -1,0 +1,216 @@
+"""pyfuse3 request handlers: a thin adapter over `fusevol.fuse.tree`.
+
+Each handler converts its arguments, calls the tree, and converts the result to pyfuse3 types;
+only `FUSEError` escapes. The file system is read-only for everyone but the agent itself: the
+structural operations the agent performs through the mount to publish a version (mkdir, symlink,
+rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from a thread of this process
+(`is_agent(ctx.pid)`), and answered EROFS for any other process. Everything that would write file
+data or attributes is EROFS for all.
+
+Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
+Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
+structural change goes through the VFS, which keeps the kernel's caches right by itself.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
+
+import pyfuse3
+
+from fusevol.fuse.tree import Node, Tree
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+
+class Operations(pyfuse3.Operations):
+    supports_dot_lookup = True
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(
+        self,
+        tree: Tree,
+        *,
+        is_agent: Callable[[int], bool],
+        entry_timeout_s: float,
+        attr_timeout_s: float,
+    ) -> None:
+        super().__init__()
+        self._tree = tree
+        self._is_agent = is_agent
+        self._entry_timeout_s = entry_timeout_s
+        self._attr_timeout_s = attr_timeout_s
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self._attributes(_call(self._tree.lookup, parent_inode, name))
+
+    async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
+        for inode, nlookup in inode_list:
+            self._tree.forget(inode, nlookup)
+
+    async def getattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return self._attributes(_call(self._tree.__getitem__, inode))
+
+    async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
+        return _call(self._tree.__getitem__, inode).target
+
+    async def open(
+        self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        _call(self._tree.__getitem__, inode)
+        return pyfuse3.FileInfo(fh=inode, keep_cache=True)
+
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        return _call(self._tree.__getitem__, fh).data[off : off + size]
+
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        pass
+
+    async def opendir(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileHandleT:
+        node = _call(self._tree.__getitem__, inode)
+        if not node.is_dir:
+            raise pyfuse3.FUSEError(errno.ENOTDIR)
+        return pyfuse3.FileHandleT(inode)
+
+    async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        directory = _call(self._tree.__getitem__, fh)
+        for name, node in self._tree.entries(directory, after=start_id):
+            if not pyfuse3.readdir_reply(token, name, self._attributes(node), node.inode):
+                return
+            self._tree.remember(node)
+
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        pass
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = stats.f_frsize = 4096
+        stats.f_files = self._tree.statistics().nodes
+        stats.f_namemax = 255
+        return stats
+
+    # -- the agent's publishing operations ---------------------------------------------------------
+
+    async def mkdir(
+        self,
+        parent_inode: pyfuse3.InodeT,
+        name: pyfuse3.FileNameT,
+        mode: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        self._require_agent(ctx)
+        return self._attributes(_call(self._tree.mkdir, parent_inode, name))
+
+    async def symlink(
+        self,
+        parent_inode: pyfuse3.InodeT,
+        name: pyfuse3.FileNameT,
+        target: pyfuse3.FileNameT,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        self._require_agent(ctx)
+        return self._attributes(_call(self._tree.symlink, parent_inode, name, target))
+
+    async def rename(
+        self,
+        parent_inode_old: pyfuse3.InodeT,
+        name_old: pyfuse3.FileNameT,
+        parent_inode_new: pyfuse3.InodeT,
+        name_new: pyfuse3.FileNameT,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        self._require_agent(ctx)
+        if flags:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        _call(self._tree.rename, parent_inode_old, name_old, parent_inode_new, name_new)
+
+    async def unlink(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> None:
+        self._require_agent(ctx)
+        _call(self._tree.unlink, parent_inode, name)
+
+    async def rmdir(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> None:
+        self._require_agent(ctx)
+        _call(self._tree.rmdir, parent_inode, name)
+
+    # -- refused to everyone -----------------------------------------------------------------------
+
+    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def mknod(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def link(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def setxattr(self, *args: object) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def removexattr(self, *args: object) -> None:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _require_agent(self, ctx: pyfuse3.RequestContext) -> None:
+        if not self._is_agent(ctx.pid):
+            raise pyfuse3.FUSEError(errno.EROFS)
+
+    def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = node.inode
+        attrs.st_mode = node.mode
+        attrs.st_nlink = node.nlink
+        attrs.st_uid = node.uid
+        attrs.st_gid = node.gid
+        attrs.st_size = node.size
+        attrs.st_blksize = 4096
+        attrs.st_blocks = (node.size + 511) // 512
+        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = node.mtime_ns
+        attrs.entry_timeout = self._entry_timeout_s
+        attrs.attr_timeout = self._attr_timeout_s
+        return attrs
+
+
+def is_thread_of_this_process(pid: int) -> bool:
+    """True if `pid` (a FUSE request's thread id) is one of this process's threads."""
+    return pid > 0 and os.path.exists(f"/proc/self/task/{pid}")
+
+
+def _call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
+    try:
+        return fn(*args, **kwargs)
+    except OSError as exc:
+        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None

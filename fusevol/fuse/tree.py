@@ -1,0 +1,296 @@
+"""The in-memory inode tree behind the FUSE mount. Pure Python: no pyfuse3, no I/O.
+
+Shape of the mount:
+
+    /                               root, 0755
+    /<uid>_<volume>/                one directory per served pod volume (its root mode is the
+                                    plugin's: 0777 for configMap, 1777 for the tmpfs-backed types)
+    /<uid>_<volume>/..data          -> ..2026_11_22_03_48_46.123456 (symlink)
+    /<uid>_<volume>/..2026_...      one version: the payload's files and nested directories
+    /<uid>_<volume>/<key>           -> ..data/<key> (top-level names only)
+
+The tree never changes a visible node in place. Every version is a new subtree with new inode
+numbers, so the kernel may cache entries, attributes, symlink targets and pages for as long as it
+likes (FUSE.md fact 4). Structural changes arrive as the agent's own VFS operations through the
+mount (`mkdir`, `symlink`, `rename`, `unlink`, `rmdir`: see `fusevol.fuse.publish`); the kernel
+updates its dentry cache and raises inotify events exactly as for kubelet's tmpfs (FUSE.md fact 2).
+A directory cannot be created empty and then filled, so its content is built here first and
+*staged* under the name the agent will `mkdir`; the mkdir attaches it whole.
+
+Lifetimes follow the FUSE contract (pyfuse3 `Operations.forget`): a node is in the inode table
+while it is reachable from the root or the kernel still holds lookups on it; a detached node is
+dropped when its lookup count reaches zero. Inode numbers are never reused.
+
+Errors are raised as `OSError(errno, ...)`; the FUSE adapter turns them into `FUSEError`.
+"""
+
+from __future__ import annotations
+
+import errno
+import stat
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fusevol.model import Payload
+
+ROOT_INODE = 1
+
+
+@dataclass(eq=False, slots=True)
+class Node:
+    inode: int
+    mode: int
+    """Full `st_mode`: file type and permission bits."""
+    uid: int
+    gid: int
+    mtime_ns: int
+    data: bytes = field(default=b"", repr=False)
+    """File content (regular files only)."""
+    target: bytes = b""
+    """Symlink target (symlinks only)."""
+    children: dict[bytes, Node] | None = None
+    """Directory entries (directories only)."""
+    parent: Node | None = None
+    nlookup: int = 0
+    """Lookups the kernel holds on this node (FUSE lookup count)."""
+    attached: bool = False
+    """Reachable from the root."""
+
+    @property
+    def is_dir(self) -> bool:
+        return self.children is not None
+
+    @property
+    def size(self) -> int:
+        if self.children is not None:
+            return 0
+        return len(self.target) if stat.S_ISLNK(self.mode) else len(self.data)
+
+    @property
+    def nlink(self) -> int:
+        if self.children is None:
+            return 1 if self.attached else 0
+        return 2 + sum(1 for c in self.children.values() if c.children is not None)
+
+
+@dataclass(frozen=True, slots=True)
+class TreeStatistics:
+    nodes: int
+    """Nodes in the inode table (attached or still known to the kernel)."""
+    detached_known: int
+    """Of those, nodes no longer reachable that the kernel has not forgotten yet."""
+    staged: int
+
+
+class Tree:
+    def __init__(self, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._clock_ns = clock_ns
+        self._next_inode = ROOT_INODE + 1
+        self.root = Node(ROOT_INODE, stat.S_IFDIR | 0o755, 0, 0, clock_ns(), children={})
+        self.root.attached = True
+        self.root.parent = self.root
+        self._nodes: dict[int, Node] = {ROOT_INODE: self.root}
+        self._staged: dict[tuple[int, bytes], Node] = {}
+
+    # -- building new, unattached nodes ------------------------------------------------------------
+
+    def new_dir(self, *, mode: int, uid: int = 0, gid: int = 0) -> Node:
+        return self._new(stat.S_IFDIR | mode, uid, gid, children={})
+
+    def new_file(self, data: bytes, *, mode: int, uid: int = 0, gid: int = 0) -> Node:
+        return self._new(stat.S_IFREG | mode, uid, gid, data=data)
+
+    def build_version(
+        self, payload: Payload, *, dir_mode: int = 0o755, gid: int | None = None
+    ) -> Node:
+        """A version directory holding `payload`'s files, not yet attached.
+
+        Like AtomicWriter: the version directory and nested directories are 0755 (kubelet chmods the
+        first and creates the others with MkdirAll under umask 022); files carry their own mode and
+        owner. `gid` is the fsGroup, if any, applied to every node built here.
+        """
+        group = 0 if gid is None else gid
+        top = self.new_dir(mode=dir_mode, gid=group)
+        for path in sorted(payload):
+            projection = payload[path]
+            *dirs, base = path.encode().split(b"/")
+            parent = top
+            for name in dirs:
+                assert parent.children is not None
+                child = parent.children.get(name)
+                if child is None:
+                    child = self.new_dir(mode=dir_mode, gid=group)
+                    _link(parent, name, child)
+                parent = child
+            uid = 0 if projection.fs_user is None else projection.fs_user
+            node = self.new_file(projection.data, mode=projection.mode, uid=uid, gid=group)
+            _link(parent, base, node)
+        return top
+
+    def stage(self, parent: Node, name: bytes, node: Node) -> None:
+        """Make `node` the directory the next `mkdir(parent, name)` attaches."""
+        self._staged[(parent.inode, name)] = node
+
+    def unstage(self, parent: Node, name: bytes) -> None:
+        """Drop a staged directory that was never created. No-op if there is none."""
+        self._staged.pop((parent.inode, name), None)
+
+    # -- reading (the kernel's view) ---------------------------------------------------------------
+
+    def __getitem__(self, inode: int) -> Node:
+        try:
+            return self._nodes[inode]
+        except KeyError:
+            raise OSError(errno.ENOENT, f"no inode {inode}") from None
+
+    def child(self, parent: Node, name: bytes) -> Node | None:
+        """The entry `name` of directory `parent`, or None. Does not count a lookup."""
+        if parent.children is None:
+            return None
+        return parent.children.get(name)
+
+    def lookup(self, parent_inode: int, name: bytes) -> Node:
+        """Resolve `name` in a directory and count one kernel lookup on the result."""
+        parent = self[parent_inode]
+        if parent.children is None:
+            raise OSError(errno.ENOTDIR, "not a directory")
+        if name == b".":
+            node = parent
+        elif name == b"..":
+            node = parent.parent or parent
+        else:
+            found = parent.children.get(name)
+            if found is None:
+                raise OSError(errno.ENOENT, "no such entry")
+            node = found
+        node.nlookup += 1
+        return node
+
+    def remember(self, node: Node) -> None:
+        """Count one kernel lookup handed out other than by `lookup` (readdirplus)."""
+        node.nlookup += 1
+
+    def forget(self, inode: int, nlookup: int) -> None:
+        node = self._nodes.get(inode)
+        if node is None or inode == ROOT_INODE:
+            return
+        node.nlookup = max(0, node.nlookup - nlookup)
+        if node.nlookup == 0 and not node.attached:
+            del self._nodes[inode]
+
+    def entries(self, directory: Node, after: int) -> Iterator[tuple[bytes, Node]]:
+        """Entries ordered by inode number, starting after inode `after`: stable readdir offsets."""
+        assert directory.children is not None
+        for name, node in sorted(directory.children.items(), key=lambda item: item[1].inode):
+            if node.inode > after:
+                yield name, node
+
+    # -- structural changes (the agent's own VFS operations) ---------------------------------------
+
+    def mkdir(self, parent_inode: int, name: bytes) -> Node:
+        parent = self._directory(parent_inode)
+        node = self._staged.pop((parent.inode, name), None)
+        if node is None:
+            raise OSError(errno.EROFS, "only staged directories can be created")
+        if name in parent.children:  # type: ignore[operator]
+            raise OSError(errno.EEXIST, "exists")
+        self._attach(parent, name, node)
+        node.nlookup += 1
+        return node
+
+    def symlink(self, parent_inode: int, name: bytes, target: bytes) -> Node:
+        parent = self._directory(parent_inode)
+        if name in parent.children:  # type: ignore[operator]
+            raise OSError(errno.EEXIST, "exists")
+        node = self._new(stat.S_IFLNK | 0o777, 0, parent.gid if parent.mode & stat.S_ISGID else 0)
+        node.target = target
+        self._attach(parent, name, node)
+        node.nlookup += 1
+        return node
+
+    def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
+        old_parent = self._directory(old_parent_inode)
+        new_parent = self._directory(new_parent_inode)
+        assert old_parent.children is not None and new_parent.children is not None
+        node = old_parent.children.get(old)
+        if node is None:
+            raise OSError(errno.ENOENT, "no such entry")
+        replaced = new_parent.children.get(new)
+        if replaced is not None and replaced.children:
+            raise OSError(errno.ENOTEMPTY, "target directory not empty")
+        del old_parent.children[old]
+        new_parent.children[new] = node
+        node.parent = new_parent
+        if replaced is not None:
+            self._detach(replaced)
+        self._touch(old_parent, new_parent)
+
+    def unlink(self, parent_inode: int, name: bytes) -> None:
+        self._remove(parent_inode, name, directory=False)
+
+    def rmdir(self, parent_inode: int, name: bytes) -> None:
+        """Remove a directory *with* its content: versions and volumes go in one operation."""
+        self._remove(parent_inode, name, directory=True)
+
+    def statistics(self) -> TreeStatistics:
+        detached = sum(1 for n in self._nodes.values() if not n.attached)
+        return TreeStatistics(len(self._nodes), detached, len(self._staged))
+
+    # -- internals ---------------------------------------------------------------------------------
+
+    def _new(self, mode: int, uid: int, gid: int, **fields: object) -> Node:
+        node = Node(self._next_inode, mode, uid, gid, self._clock_ns(), **fields)  # type: ignore[arg-type]
+        self._next_inode += 1
+        return node
+
+    def _directory(self, inode: int) -> Node:
+        node = self[inode]
+        if node.children is None:
+            raise OSError(errno.ENOTDIR, "not a directory")
+        return node
+
+    def _remove(self, parent_inode: int, name: bytes, *, directory: bool) -> None:
+        parent = self._directory(parent_inode)
+        assert parent.children is not None
+        node = parent.children.get(name)
+        if node is None:
+            raise OSError(errno.ENOENT, "no such entry")
+        if node.is_dir != directory:
+            raise OSError(errno.EISDIR if node.is_dir else errno.ENOTDIR, "wrong file type")
+        del parent.children[name]
+        self._detach(node)
+        self._touch(parent)
+
+    def _attach(self, parent: Node, name: bytes, node: Node) -> None:
+        _link(parent, name, node)
+        for each in _walk(node):
+            each.attached = True
+            self._nodes[each.inode] = each
+        self._touch(parent)
+
+    def _detach(self, node: Node) -> None:
+        for each in _walk(node):
+            each.attached = False
+            if each.nlookup == 0:
+                self._nodes.pop(each.inode, None)
+
+    def _touch(self, *directories: Node) -> None:
+        now = self._clock_ns()
+        for directory in directories:
+            directory.mtime_ns = now
+
+
+def _link(parent: Node, name: bytes, node: Node) -> None:
+    assert parent.children is not None
+    parent.children[name] = node
+    node.parent = parent
+
+
+def _walk(node: Node) -> Iterator[Node]:
+    yield node
+    if node.children:
+        for child in node.children.values():
+            yield from _walk(child)

@@ -1,0 +1,61 @@
+"""The mount backend contract: what the reconciler may ask of the host's mount table.
+
+Every verb is idempotent, as kubelet requires of volume plugins (`pkg/volume/volume.go`): mounting
+what is already mounted there and unmounting what is not mounted are no-ops, so a retried or
+repeated operation never fails for having half-succeeded before. Sensitive mount options (NFS
+credentials, say) travel apart from the others and are never logged (mount-utils'
+`MountSensitive`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class MountPoint:
+    """One line of /proc/self/mountinfo."""
+
+    mount_id: int
+    parent_id: int
+    root: str
+    """The path inside the source file system that is mounted (a bind mount's subtree)."""
+    path: str
+    """Where it is mounted."""
+    options: tuple[str, ...]
+    fstype: str
+    source: str
+
+
+class MountBackend(Protocol):
+    async def mount(
+        self,
+        source: str,
+        target: Path,
+        *,
+        fstype: str | None = None,
+        options: Sequence[str] = (),
+        sensitive_options: Sequence[str] = (),
+    ) -> None:
+        """`mount [-t fstype] [-o options] source target`. No-op if `target` is a mount point."""
+
+    async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
+        """Bind-mount `source` at `target`, read-only if asked. No-op if `target` is a mount point."""
+
+    async def unmount(self, target: Path) -> None:
+        """Unmount `target`; a corrupted mount (its server is gone) is detached lazily.
+
+        No-op if `target` is not a mount point or does not exist.
+        """
+
+    def mount_points(self) -> tuple[MountPoint, ...]:
+        """The current mount table of this process's namespace."""
+
+    def is_mount_point(self, path: Path) -> bool:
+        """True if `path` is a mount point (by the mount table: bind mounts of the same file system
+        and dead FUSE mounts included)."""

@@ -1,0 +1,140 @@
+"""The real mount backend: mount(8) and umount(8) as subprocesses, /proc/self/mountinfo as truth.
+
+Commands run through trio with a timeout, so a hung mount helper (kubelet's hung-NFS problem)
+fails its own operation and blocks nothing else. Their argv is logged with sensitive options
+masked. A mount point whose server is gone answers ENOTCONN, ESTALE, EIO or EACCES to stat
+(mount-utils `IsCorruptedMnt`); such a mount cannot be unmounted normally and is detached
+lazily instead.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.errors import MountError
+from fusevol.mount.backend import MountBackend, MountPoint
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+CORRUPTED_ERRNOS = frozenset({errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.EACCES})
+
+
+class LinuxMountBackend:
+    def __init__(self, *, command_timeout_s: float, mountinfo: str = "/proc/self/mountinfo") -> None:
+        self._command_timeout_s = command_timeout_s
+        self._mountinfo = mountinfo
+
+    async def mount(
+        self,
+        source: str,
+        target: Path,
+        *,
+        fstype: str | None = None,
+        options: Sequence[str] = (),
+        sensitive_options: Sequence[str] = (),
+    ) -> None:
+        if self.is_mount_point(target):
+            return
+        argv, shown = ["mount"], ["mount"]
+        if fstype:
+            argv += ["-t", fstype]
+            shown += ["-t", fstype]
+        if options or sensitive_options:
+            argv += ["-o", ",".join([*options, *sensitive_options])]
+            shown += ["-o", ",".join([*options, *["<masked>"] * len(sensitive_options)])]
+        argv += [source, str(target)]
+        shown += [source, str(target)]
+        await self._run(argv, shown=shown)
+
+    async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
+        if self.is_mount_point(target):
+            return
+        await self._run(["mount", "--bind", str(source), str(target)])
+        if read_only:
+            try:
+                await self._run(["mount", "-o", "remount,bind,ro", str(target)])
+            except MountError:
+                await self.unmount(target)
+                raise
+
+    async def unmount(self, target: Path) -> None:
+        if not self.is_mount_point(target):
+            return
+        # stat() may reach a FUSE server, possibly our own: never on the trio thread.
+        corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
+        if corrupted:
+            await self._run(["umount", "-l", str(target)])
+        else:
+            await self._run(["umount", str(target)])
+
+    def mount_points(self) -> tuple[MountPoint, ...]:
+        with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+            return tuple(_parse_mountinfo_line(line) for line in f if line.strip())
+
+    def is_mount_point(self, path: Path) -> bool:
+        wanted = os.path.abspath(path)
+        return any(mp.path == wanted for mp in self.mount_points())
+
+    async def _run(self, argv: list[str], *, shown: list[str] | None = None) -> None:
+        printable = " ".join(shown or argv)
+        log.debug("running %s", printable)
+        try:
+            with trio.fail_after(self._command_timeout_s):
+                result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+        except trio.TooSlowError:
+            raise MountError(f"{printable}: timed out after {self._command_timeout_s:g}s") from None
+        except OSError as exc:
+            raise MountError(f"{printable}: {exc}") from exc
+        if result.returncode != 0:
+            output = (result.stderr or result.stdout).decode(errors="replace").strip()
+            raise MountError(f"{printable}: exit status {result.returncode}: {output}")
+
+
+def _is_corrupted(path: Path) -> bool:
+    try:
+        os.stat(path)
+    except OSError as exc:
+        return exc.errno in CORRUPTED_ERRNOS
+    return False
+
+
+def _unescape(field: str) -> str:
+    """mountinfo escapes space, tab, newline and backslash as octal `\\ooo`."""
+    if "\\" not in field:
+        return field
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
+            out.append(chr(int(field[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def _parse_mountinfo_line(line: str) -> MountPoint:
+    fields = line.split()
+    separator = fields.index("-", 6)
+    return MountPoint(
+        mount_id=int(fields[0]),
+        parent_id=int(fields[1]),
+        root=_unescape(fields[3]),
+        path=_unescape(fields[4]),
+        options=tuple(fields[5].split(",")),
+        fstype=fields[separator + 1],
+        source=_unescape(fields[separator + 2]),
+    )
+
+
+if TYPE_CHECKING:
+    _check: MountBackend = LinuxMountBackend(command_timeout_s=1)
