@@ -1,0 +1,1 @@
+"""Sources of Kubernetes objects: the watched manifest directory (and, later, the API server)."""

@@ -1,0 +1,509 @@
+"""parse_manifest: conversion to model types and every validation error, table-driven."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import uuid
+from typing import Any
+
+import pytest
+import yaml
+
+from fusevol.errors import ManifestError
+from fusevol.model import (
+    ConfigMap,
+    ConfigMapVolumeSource,
+    Container,
+    KeyToPath,
+    Pod,
+    PodUID,
+    ResourceVersion,
+    Secret,
+    SecretVolumeSource,
+    UnsupportedVolumeSource,
+    Volume,
+    VolumeMount,
+    VolumeName,
+)
+from fusevol.source.manifest import parse_manifest
+
+ORIGIN = "examples/app.yaml"
+NO_VERSION = ResourceVersion("")
+
+
+def b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def config_map(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "app"}, **fields}
+
+
+def secret(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "app"}, **fields}
+
+
+def pod(*volumes: dict[str, Any], **spec: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "web"},
+        "spec": {"volumes": list(volumes), **spec},
+    }
+
+
+def to_yaml(*documents: Any) -> bytes:
+    return yaml.safe_dump_all(documents).encode()
+
+
+def derived_uid(namespace: str, name: str) -> PodUID:
+    return PodUID(str(uuid.uuid5(uuid.NAMESPACE_URL, f"fusevol:{namespace}/{name}")))
+
+
+# -- conversions -----------------------------------------------------------------------------------
+
+FULL_POD = b"""\
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: shop
+  uid: 0b7a6c1e-0000-4000-8000-000000000001
+  resourceVersion: "17"
+  labels: {app: web}
+  annotations: {note: hi}
+spec:
+  nodeName: node-1
+  securityContext: {fsGroup: 2000, runAsUser: 1000}
+  initContainers:
+  - name: init
+  containers:
+  - name: main
+    securityContext: {runAsUser: 33}
+    volumeMounts:
+    - {name: config, mountPath: /etc/app, readOnly: true, subPath: conf}
+    - {name: creds, mountPath: /run/creds}
+  volumes:
+  - name: config
+    configMap:
+      name: app
+      defaultMode: 0600
+      optional: true
+      items: [{key: a.conf, path: sub/a.conf, mode: 0400}]
+  - name: creds
+    secret: {secretName: creds}
+  - name: share
+    nfs: {server: nfs.example, path: /export}
+  - name: scratch
+"""
+
+CONVERSIONS = [
+    pytest.param(
+        to_yaml(
+            config_map(data={"a": "1", "b": None}, binaryData={"bin": b64(b"\0\1")}, immutable=True)
+        ),
+        [
+            ConfigMap(
+                "default",
+                "app",
+                NO_VERSION,
+                data={"a": "1", "b": ""},
+                binary_data={"bin": b"\0\1"},
+                immutable=True,
+            )
+        ],
+        id="configmap",
+    ),
+    pytest.param(
+        to_yaml(
+            secret(
+                metadata={"name": "app", "namespace": "ns", "resourceVersion": "5"},
+                type="kubernetes.io/tls",
+                data={"tls.crt": b64(b"cert"), "k": b64(b"old")},
+                stringData={"k": "new"},
+            )
+        ),
+        [
+            Secret(
+                "ns",
+                "app",
+                ResourceVersion("5"),
+                data={"tls.crt": b"cert", "k": b"new"},
+                type="kubernetes.io/tls",
+            )
+        ],
+        id="secret-stringData-over-data",
+    ),
+    pytest.param(
+        b"kind: Secret\nmetadata: {name: app}\ndata:\n  k: |\n    "
+        + b64(b"y" * 60)[:40].encode()
+        + b"\n    "
+        + b64(b"y" * 60)[40:].encode()
+        + b"\n",
+        [Secret("default", "app", NO_VERSION, data={"k": b"y" * 60})],
+        id="secret-base64-over-lines",
+    ),
+    pytest.param(
+        FULL_POD,
+        [
+            Pod(
+                uid=PodUID("0b7a6c1e-0000-4000-8000-000000000001"),
+                namespace="shop",
+                name="web",
+                resource_version=ResourceVersion("17"),
+                node_name="node-1",
+                labels={"app": "web"},
+                annotations={"note": "hi"},
+                volumes=(
+                    Volume(
+                        VolumeName("config"),
+                        ConfigMapVolumeSource(
+                            "app", (KeyToPath("a.conf", "sub/a.conf", 0o400),), 0o600, True
+                        ),
+                    ),
+                    Volume(VolumeName("creds"), SecretVolumeSource("creds")),
+                    Volume(VolumeName("share"), UnsupportedVolumeSource("nfs")),
+                    Volume(VolumeName("scratch"), UnsupportedVolumeSource("emptyDir")),
+                ),
+                containers=(
+                    Container(
+                        "main",
+                        (
+                            VolumeMount(VolumeName("config"), "/etc/app", True, "conf"),
+                            VolumeMount(VolumeName("creds"), "/run/creds"),
+                        ),
+                        run_as_user=33,
+                    ),
+                ),
+                init_containers=(Container("init"),),
+                fs_group=2000,
+                run_as_user=1000,
+            )
+        ],
+        id="pod-full",
+    ),
+    pytest.param(
+        to_yaml({"kind": "Pod", "metadata": {"name": "web"}}),
+        [Pod(derived_uid("default", "web"), "default", "web", NO_VERSION)],
+        id="pod-derived-uid",
+    ),
+    pytest.param(
+        b"---\n---\n" + to_yaml({"apiVersion": "v1", "kind": "Service"}, None, config_map()),
+        [ConfigMap("default", "app", NO_VERSION)],
+        id="other-kinds-and-empty-documents-skipped",
+    ),
+    pytest.param(
+        to_yaml({"apiVersion": "example.com/v1", "kind": "Secret", "metadata": {"name": "x"}}),
+        [],
+        id="same-kind-other-group-skipped",
+    ),
+    pytest.param(
+        to_yaml({"apiVersion": "v1", "kind": "List", "items": [config_map(), secret()]}),
+        [ConfigMap("default", "app", NO_VERSION), Secret("default", "app", NO_VERSION)],
+        id="yaml-list",
+    ),
+    pytest.param(
+        b"\xef\xbb\xbf" + to_yaml(config_map()),
+        [ConfigMap("default", "app", NO_VERSION)],
+        id="utf8-bom",
+    ),
+    pytest.param(b"", [], id="empty-file"),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), CONVERSIONS)
+def test_conversion(text: bytes, expected: list[object]) -> None:
+    assert parse_manifest(text, origin=ORIGIN) == expected
+
+
+@pytest.mark.parametrize(
+    "document",
+    [
+        pytest.param(config_map(data={"a": "1"}), id="object"),
+        pytest.param(
+            {"apiVersion": "v1", "kind": "List", "items": [config_map(data={"a": "1"})]}, id="list"
+        ),
+    ],
+)
+def test_json(document: dict[str, Any]) -> None:
+    text = json.dumps(document, indent=1).encode()
+    assert parse_manifest(text, origin="m/app.json") == [
+        ConfigMap("default", "app", NO_VERSION, data={"a": "1"})
+    ]
+
+
+def test_other_kinds_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger="fusevol.source.manifest")
+    assert parse_manifest(to_yaml({"apiVersion": "v1", "kind": "Service"}), origin=ORIGIN) == []
+    assert [r.levelno for r in caplog.records] == [logging.DEBUG]
+    assert "Service" in caplog.records[0].getMessage()
+
+
+def test_error_never_quotes_secret_values() -> None:
+    text = b"kind: Secret\nmetadata: {name: app}\ndata: {k: 'hunter2!!'}\nstringData: {x: hunter2\n"
+    for bad in (text, to_yaml(secret(data={"k": "hunter2!!"}))):
+        with pytest.raises(ManifestError) as info:
+            parse_manifest(bad, origin=ORIGIN)
+        assert "hunter2" not in str(info.value)
+
+
+# -- validation errors -----------------------------------------------------------------------------
+
+CM = "configmap default/app"
+SECRET = "secret default/app"
+POD = "pod default/web"
+VOL0 = "spec.volumes[0]"
+KEY_CHARS = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
+MODE_RANGE = "must be a number between 0 and 0777 (octal), both inclusive"
+
+
+def cm_volume(**source: Any) -> dict[str, Any]:
+    return {"name": "v", "configMap": {"name": "app", **source}}
+
+
+ERRORS = [
+    # -- the file as a whole
+    pytest.param(b"a: [1\nb: 2\n", "line 2 column 2: invalid YAML", id="yaml-syntax"),
+    pytest.param(
+        b"a: 1\na: 2\n",
+        "line 2 column 1: invalid YAML: found duplicate key 'a'",
+        id="yaml-duplicate-key",
+    ),
+    pytest.param(b"[" * 100_000, "line 1: invalid YAML: nested too deeply", id="yaml-too-deep"),
+    pytest.param(b"kind: ConfigMap\xff\n", "not valid UTF-8 (byte 15)", id="not-utf8"),
+    pytest.param(b"- a\n- b\n", "document 1: must be a mapping, not list", id="not-a-mapping"),
+    pytest.param(
+        to_yaml({"kind": "List", "items": ["x"]}),
+        "document 1: items[0]: must be a mapping",
+        id="list-item-not-a-mapping",
+    ),
+    pytest.param(
+        to_yaml(config_map(), config_map()),
+        f"{CM}: defined twice (document 1, document 2)",
+        id="defined-twice",
+    ),
+    # -- metadata
+    pytest.param(
+        to_yaml(config_map(metadata={})),
+        "document 1 (configmap): metadata.name: Required value",
+        id="missing-name",
+    ),
+    pytest.param(
+        to_yaml({"kind": "List", "items": [secret(metadata={"namespace": "x"})]}),
+        "document 1 items[0] (secret): metadata.name: Required value",
+        id="missing-name-in-list",
+    ),
+    pytest.param(
+        to_yaml(config_map(metadata={"name": "App_1"})),
+        "configmap default/App_1: metadata.name: must be a lowercase RFC 1123 subdomain",
+        id="name-not-dns",
+    ),
+    pytest.param(
+        to_yaml(config_map(metadata={"name": "a", "namespace": "a.b"})),
+        "configmap a.b/a: metadata.namespace: must be a lowercase RFC 1123 label",
+        id="namespace-not-dns-label",
+    ),
+    pytest.param(
+        to_yaml(pod() | {"metadata": {"name": "web", "labels": {"v": 1}}}),
+        f'{POD}: metadata.labels["v"]: must be a string, not int',
+        id="label-not-string",
+    ),
+    # -- ConfigMap / Secret keys and values
+    pytest.param(
+        to_yaml(config_map(data={"../x": "1"})), f'{CM}: data["../x"]: {KEY_CHARS}', id="key-chars"
+    ),
+    pytest.param(
+        to_yaml(config_map(data={"k" * 254: "1"})),
+        f'{CM}: data["{"k" * 254}"]: must be no more than 253 bytes',
+        id="key-too-long",
+    ),
+    pytest.param(
+        to_yaml(config_map(data={".": "1"})), f"{CM}: data[\".\"]: must not be '.'", id="key-dot"
+    ),
+    pytest.param(
+        to_yaml(secret(stringData={"..": "1"})),
+        f"{SECRET}: stringData[\"..\"]: must not be '..'",
+        id="key-dotdot",
+    ),
+    pytest.param(
+        to_yaml(config_map(binaryData={"..a": ""})),
+        f"{CM}: binaryData[\"..a\"]: must not start with '..'",
+        id="key-dotdot-prefix",
+    ),
+    pytest.param(
+        to_yaml(config_map(data={"a": "1"}, binaryData={"a": b64(b"1")})),
+        f'{CM}: binaryData["a"]: duplicate of key present in data',
+        id="key-in-data-and-binaryData",
+    ),
+    pytest.param(
+        to_yaml(config_map(data={"a": 1})),
+        f'{CM}: data["a"]: must be a string, not int',
+        id="value-not-string",
+    ),
+    pytest.param(
+        to_yaml(config_map(data=["a"])),
+        f"{CM}: data: must be a mapping, not list",
+        id="data-not-mapping",
+    ),
+    pytest.param(
+        to_yaml(config_map(data={"a": "x" * (1024 * 1024)})),
+        f"{CM}: data: Too long: must have at most 1048576 bytes (has 1048577)",
+        id="configmap-too-large",
+    ),
+    pytest.param(
+        to_yaml(secret(data={"a": b64(b"x" * 1024 * 512)}, stringData={"b": "x" * 1024 * 512})),
+        f"{SECRET}: data: Too long: must have at most 1048576 bytes (has 1048578)",
+        id="secret-too-large",
+    ),
+    pytest.param(
+        to_yaml(secret(data={"k": "abc"})),
+        f'{SECRET}: data["k"]: illegal base64 data',
+        id="secret-bad-base64",
+    ),
+    pytest.param(
+        to_yaml(config_map(binaryData={"k": "a$=="})),
+        f'{CM}: binaryData["k"]: illegal base64 data',
+        id="binaryData-bad-base64",
+    ),
+    pytest.param(
+        to_yaml(secret(immutable="yes")),
+        f"{SECRET}: immutable: must be a boolean, not str",
+        id="immutable-not-bool",
+    ),
+    # -- pod volumes
+    pytest.param(
+        to_yaml(pod({"configMap": {"name": "a"}})),
+        f"{POD}: {VOL0}.name: Required value",
+        id="volume-name-missing",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v"}, {"name": "v"})),
+        f'{POD}: spec.volumes[1].name: Duplicate value: "v"',
+        id="volume-name-duplicate",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "nfs": {}, "hostPath": {}})),
+        f"{POD}: {VOL0}: may not specify more than 1 volume type",
+        id="two-volume-types",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "configMap": {}})),
+        f"{POD}: {VOL0}.configMap.name: Required value",
+        id="configmap-name-missing",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "secret": {"defaultMode": 420}})),
+        f"{POD}: {VOL0}.secret.secretName: Required value",
+        id="secret-name-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"path": "a"}]))),
+        f"{POD}: {VOL0}.configMap.items[0].key: Required value",
+        id="item-key-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"key": "a"}]))),
+        f"{POD}: {VOL0}.configMap.items[0].path: Required value",
+        id="item-path-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"key": "a", "path": "/etc/a"}]))),
+        f'{POD}: {VOL0}.configMap.items[0].path: invalid value "/etc/a": must be a relative path',
+        id="item-path-absolute",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"key": "a", "path": "a/../../b"}]))),
+        f"{POD}: {VOL0}.configMap.items[0].path: "
+        "invalid value \"a/../../b\": must not contain '..'",
+        id="item-path-backstep",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"key": "a", "path": "..a"}]))),
+        f"{POD}: {VOL0}.configMap.items[0].path: invalid value \"..a\": must not start with '..'",
+        id="item-path-dotdot-prefix",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items=[{"key": "a", "path": "a", "mode": 0o1000}]))),
+        f"{POD}: {VOL0}.configMap.items[0].mode: {MODE_RANGE}",
+        id="item-mode-too-large",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(defaultMode=-1))),
+        f"{POD}: {VOL0}.configMap.defaultMode: {MODE_RANGE}",
+        id="default-mode-negative",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(defaultMode="0644"))),
+        f"{POD}: {VOL0}.configMap.defaultMode: must be an integer, not str",
+        id="default-mode-string",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "secret": {"secretName": "s", "defaultMode": True}})),
+        f"{POD}: {VOL0}.secret.defaultMode: must be an integer, not bool",
+        id="default-mode-bool",
+    ),
+    pytest.param(
+        to_yaml(pod(cm_volume(items={"key": "a"}))),
+        f"{POD}: {VOL0}.configMap.items: must be a list, not dict",
+        id="items-not-a-list",
+    ),
+    # -- pod containers and security context
+    pytest.param(
+        to_yaml(
+            pod(containers=[{"name": "c", "volumeMounts": [{"name": "nope", "mountPath": "/x"}]}])
+        ),
+        f'{POD}: spec.containers[0].volumeMounts[0].name: Not found: "nope"',
+        id="mount-unknown-volume",
+    ),
+    pytest.param(
+        to_yaml(
+            pod({"name": "v"}, initContainers=[{"name": "i", "volumeMounts": [{"name": "v"}]}])
+        ),
+        f"{POD}: spec.initContainers[0].volumeMounts[0].mountPath: Required value",
+        id="mount-path-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(containers=[{}])),
+        f"{POD}: spec.containers[0].name: Required value",
+        id="container-name-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(securityContext={"fsGroup": -1})),
+        f"{POD}: spec.securityContext.fsGroup: must be between 0 and 2147483647, inclusive",
+        id="fsgroup-negative",
+    ),
+    pytest.param(
+        to_yaml(pod(containers=[{"name": "c", "securityContext": {"runAsUser": "root"}}])),
+        f"{POD}: spec.containers[0].securityContext.runAsUser: must be an integer, not str",
+        id="run-as-user-string",
+    ),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), ERRORS)
+def test_error(text: bytes, message: str) -> None:
+    with pytest.raises(ManifestError) as info:
+        parse_manifest(text, origin=ORIGIN)
+    assert str(info.value).startswith(f"{ORIGIN}: {message}")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        pytest.param(
+            b'{"kind": "ConfigMap",\n "a": }', "line 2 column 7: invalid JSON", id="syntax"
+        ),
+        pytest.param(b"[]", "document 1: must be a mapping, not list", id="array"),
+        pytest.param(b"[" * 100_000, "invalid JSON: nested too deeply", id="too-deep"),
+        pytest.param(
+            b'{"kind": "ConfigMap", "metadata": {"name": "a"}, "data": {"k": "\\ud800"}}',
+            'configmap default/a: data\\["k"\\]: must be valid Unicode',
+            id="lone-surrogate",
+        ),
+    ],
+)
+def test_json_error(text: bytes, message: str) -> None:
+    with pytest.raises(ManifestError, match=f"^m/app.json: {message}"):
+        parse_manifest(text, origin="m/app.json")
