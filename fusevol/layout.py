@@ -10,7 +10,7 @@ Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("
 from __future__ import annotations
 
 import enum
-from pathlib import Path
+from typing import TYPE_CHECKING
 
 from fusevol.model import (
     ConfigMapVolumeSource,
@@ -20,6 +20,9 @@ from fusevol.model import (
     VolumeName,
     VolumeSource,
 )
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 class Plugin(enum.Enum):

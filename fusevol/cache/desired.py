@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 class VolumeToServe:
     name: UniqueVolumeName
     plugin: Plugin | None
-    """None for a volume type fusevol does not serve: it is desired, and fails with a clear error."""
+    """None for a volume type fusevol does not serve: desired, and failing with a clear error."""
     pod: Pod
     volume: Volume
 

@@ -21,10 +21,10 @@ from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import pyfuse3
 
-from fusevol.fuse.tree import Node, Tree
-
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
+
+    from fusevol.fuse.tree import Node, Tree
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,9 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         return pyfuse3.FileHandleT(inode)
 
-    async def readdir(self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+    async def readdir(
+        self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
+    ) -> None:
         directory = _call(self._tree.__getitem__, fh)
         for name, node in self._tree.entries(directory, after=start_id):
             if not pyfuse3.readdir_reply(token, name, self._attributes(node), node.inode):

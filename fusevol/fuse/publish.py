@@ -94,9 +94,10 @@ class Publisher:
 
     async def remove_volume(self, volume: bytes) -> None:
         """Remove the volume directory and every version in it. No-op if it does not exist."""
-        if self._versions.pop(volume, None) is None and self._tree.child(
-            self._tree.root, volume
-        ) is None:
+        if (
+            self._versions.pop(volume, None) is None
+            and self._tree.child(self._tree.root, volume) is None
+        ):
             return
         with contextlib.suppress(FileNotFoundError):
             await trio.to_thread.run_sync(os.rmdir, self.path(volume))

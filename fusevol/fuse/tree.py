@@ -29,11 +29,12 @@ from __future__ import annotations
 import errno
 import stat
 import time
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
     from fusevol.model import Payload
 
 ROOT_INODE = 1
@@ -166,12 +167,16 @@ class Tree:
             if found is None:
                 raise OSError(errno.ENOENT, "no such entry")
             node = found
-        node.nlookup += 1
+        self.remember(node)
         return node
 
     def remember(self, node: Node) -> None:
-        """Count one kernel lookup handed out other than by `lookup` (readdirplus)."""
+        """Count one kernel lookup on `node` (`lookup` and readdirplus hand them out).
+
+        A node the kernel holds is in the inode table, even a detached one reached through a
+        directory the kernel still holds (a process whose cwd is inside a removed version)."""
         node.nlookup += 1
+        self._nodes.setdefault(node.inode, node)
 
     def forget(self, inode: int, nlookup: int) -> None:
         node = self._nodes.get(inode)
@@ -214,7 +219,8 @@ class Tree:
     def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
         old_parent = self._directory(old_parent_inode)
         new_parent = self._directory(new_parent_inode)
-        assert old_parent.children is not None and new_parent.children is not None
+        assert old_parent.children is not None
+        assert new_parent.children is not None
         node = old_parent.children.get(old)
         if node is None:
             raise OSError(errno.ENOENT, "no such entry")

@@ -45,7 +45,9 @@ class MountBackend(Protocol):
         """`mount [-t fstype] [-o options] source target`. No-op if `target` is a mount point."""
 
     async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
-        """Bind-mount `source` at `target`, read-only if asked. No-op if `target` is a mount point."""
+        """Bind-mount `source` at `target`, read-only if asked.
+
+        No-op if `target` is a mount point."""
 
     async def unmount(self, target: Path) -> None:
         """Unmount `target`; a corrupted mount (its server is gone) is detached lazily.

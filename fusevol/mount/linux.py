@@ -29,7 +29,9 @@ CORRUPTED_ERRNOS = frozenset({errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.EAC
 
 
 class LinuxMountBackend:
-    def __init__(self, *, command_timeout_s: float, mountinfo: str = "/proc/self/mountinfo") -> None:
+    def __init__(
+        self, *, command_timeout_s: float, mountinfo: str = "/proc/self/mountinfo"
+    ) -> None:
         self._command_timeout_s = command_timeout_s
         self._mountinfo = mountinfo
 
@@ -89,7 +91,9 @@ class LinuxMountBackend:
         log.debug("running %s", printable)
         try:
             with trio.fail_after(self._command_timeout_s):
-                result = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False)
+                result = await trio.run_process(
+                    argv, capture_stdout=True, capture_stderr=True, check=False
+                )
         except trio.TooSlowError:
             raise MountError(f"{printable}: timed out after {self._command_timeout_s:g}s") from None
         except OSError as exc:
