@@ -1,0 +1,191 @@
+"""The composition root: builds every component, starts them in dependency order, stops cleanly.
+
+Start-up order (each `nursery.start` returns once the component is ready):
+    1. lock `<root>/fusevol/lock`, so two agents never share a root;
+    2. detach mounts a killed predecessor left below the root (reconstruct.py);
+    3. the FUSE mount, then the publisher that switches versions through it;
+    4. the executor and the status reporter;
+    5. the source: returns after its complete initial read (the store is synced);
+    6. the reconciler.
+A stop (SIGTERM, SIGINT, or cancellation) tears down in reverse: the reconciler and the operations
+in flight are cancelled, every pod volume is unmounted, then the FUSE mount goes. The FUSE server
+keeps answering until the last bind mount of it is gone, so no unmount waits on a dead server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol import layout
+from fusevol.cache.actual import ActualState
+from fusevol.cache.desired import DesiredState
+from fusevol.cache.store import ObjectStore
+from fusevol.errors import FusevolError
+from fusevol.fuse.ops import Operations, is_thread_of_this_process
+from fusevol.fuse.publish import Publisher
+from fusevol.fuse.session import serve
+from fusevol.fuse.tree import Tree
+from fusevol.mount.linux import LinuxMountBackend
+from fusevol.populator import Populator
+from fusevol.reconciler.executor import Executor
+from fusevol.reconciler.loop import Reconciler
+from fusevol.reconciler.reconstruct import clean_stale_mounts, remove_pod_dirs
+from fusevol.reconciler.volumes import ServedVolumes
+from fusevol.source.local import ManifestSource
+from fusevol.status import StatusReporter
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from fusevol.settings import Settings
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 60.0
+"""A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
+
+
+class AgentAlreadyRunning(FusevolError):
+    """Another agent holds the lock on the same root."""
+
+
+class Agent:
+    """Every long-lived component, wired together. `run()` serves until cancelled."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        root = settings.root
+        self.backend = LinuxMountBackend(command_timeout_s=settings.mount.command_timeout_s)
+        self.store = ObjectStore()
+        self.desired = DesiredState()
+        self.actual = ActualState()
+        self.tree = Tree()
+        self.operations = Operations(
+            self.tree,
+            is_agent=is_thread_of_this_process,
+            entry_timeout_s=settings.fuse.entry_timeout_s,
+            attr_timeout_s=settings.fuse.attr_timeout_s,
+        )
+        self.publisher = Publisher(
+            self.tree,
+            mountpoint=layout.fuse_mountpoint(root),
+            grace_s=settings.fuse.old_version_grace_s,
+        )
+        self.executor = Executor(
+            initial_backoff_s=settings.reconcile.initial_backoff_s,
+            max_backoff_s=settings.reconcile.max_backoff_s,
+            on_done=lambda: self.reconciler.kick(),
+        )
+        self.status = StatusReporter(
+            root=root,
+            node_name=settings.node_name,
+            desired=self.desired,
+            actual=self.actual,
+            executor=self.executor,
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            populator=Populator(store=self.store, desired=self.desired),
+            desired=self.desired,
+            actual=self.actual,
+            executor=self.executor,
+            volumes=ServedVolumes(
+                root=root, store=self.store, publisher=self.publisher, backend=self.backend
+            ),
+            resync_interval_s=settings.reconcile.resync_interval_s,
+            on_pass=self.status.changed,
+        )
+        if settings.manifests is None:
+            raise FusevolError("no source: give --manifests DIR")
+        self.source = ManifestSource(
+            directory=settings.manifests, node_name=settings.node_name, store=self.store
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        root = self.settings.root
+        with _locked(layout.agent_dir(root) / "lock"):  # (1)
+            await clean_stale_mounts(self.backend, root)  # (2)
+            layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
+            layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
+            # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
+            # so it is shielded from outside cancellation and stopped here, last.
+            fuse_scope = trio.CancelScope(shield=True)
+            async with trio.open_nursery() as fuse_nursery:
+                await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
+                await fuse_nursery.start(self.publisher.run)
+                try:
+                    async with trio.open_nursery() as nursery:
+                        await nursery.start(self.executor.run)  # (4)
+                        await nursery.start(self.status.run)
+                        await nursery.start(self.source.run)  # (5)
+                        await nursery.start(self.reconciler.run)  # (6)
+                        log.info("ready root=%s node=%s", root, self.settings.node_name)
+                        _sd_notify(b"READY=1")
+                        task_status.started()
+                finally:
+                    _sd_notify(b"STOPPING=1")
+                    with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
+                        await self.reconciler.unmount_all()
+                        await clean_stale_mounts(self.backend, layout.pods_dir(root))
+                        await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+                    fuse_scope.cancel()
+                    fuse_nursery.cancel_scope.cancel()
+
+    async def _serve_fuse(
+        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        mountpoint = layout.fuse_mountpoint(self.settings.root)
+        with scope:
+            await serve(
+                self.operations,
+                mountpoint,
+                max_tasks=self.settings.fuse.max_tasks,
+                task_status=task_status,
+            )
+
+
+async def run_until_signalled(settings: Settings) -> None:
+    """Run the agent until SIGTERM or SIGINT, then stop cleanly."""
+    agent = Agent(settings)
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(agent.run)
+            async for signum in signals:
+                log.info("stopping on %s", signal.Signals(signum).name)
+                nursery.cancel_scope.cancel()
+                break
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on `path` (created if needed) for the duration of the block."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise AgentAlreadyRunning(f"another fusevol agent is using {path}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _sd_notify(message: bytes) -> None:
+    """Tell systemd (Type=notify) about our state; no-op outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.sendto(message, address)

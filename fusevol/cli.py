@@ -1,0 +1,95 @@
+"""Command line: argv and `FUSEVOL_*` environment variables -> Settings -> the agent.
+
+    fusevol run [--manifests DIR] [--root DIR] [--node-name NAME] [--log-level LEVEL]
+    fusevol status [--root DIR] [--json]
+
+Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
+dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins.
+Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+
+import trio
+
+from fusevol import __version__, log, status
+from fusevol.errors import FusevolError
+from fusevol.settings import Settings
+
+DEFAULT_ROOT = "/var/lib/fusevol"
+
+
+def _env(flag: str, default: str | None = None) -> str | None:
+    return os.environ.get("FUSEVOL_" + flag.upper().replace("-", "_"), default)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fusevol", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"fusevol {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    run = commands.add_parser("run", help="serve the volumes of this node's pods until stopped")
+    run.add_argument(
+        "--manifests",
+        type=Path,
+        default=_env("manifests"),
+        help="directory of Pod/ConfigMap/Secret manifests to serve, watched for edits",
+    )
+    run.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
+    run.add_argument(
+        "--node-name",
+        default=_env("node-name", socket.gethostname()),
+        help="serve pods with this spec.nodeName (or none); default: the host name",
+    )
+    run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
+
+    show = commands.add_parser("status", help="show pods, volumes, state and last error")
+    show.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
+    show.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            return _run(args)
+        return _status(args)
+    except FusevolError as exc:
+        print(f"fusevol: {exc}", file=sys.stderr)
+        return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from fusevol.app import run_until_signalled
+
+    log.setup(args.log_level)
+    if args.manifests is None:
+        raise FusevolError("no source: give --manifests DIR (or FUSEVOL_MANIFESTS)")
+    if not args.manifests.is_dir():
+        raise FusevolError(f"--manifests {args.manifests}: not a directory")
+    settings = Settings(
+        root=args.root.absolute(),
+        node_name=args.node_name,
+        manifests=args.manifests.absolute(),
+    )
+    trio.run(run_until_signalled, settings)
+    logging.getLogger(__name__).info("stopped")
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    try:
+        snapshot = status.read(args.root)
+    except FileNotFoundError:
+        raise FusevolError(f"no status under {args.root}: is the agent running?") from None
+    print(json.dumps(snapshot, indent=2) if args.json else status.render(snapshot))
+    return 0

@@ -1,0 +1,183 @@
+"""Operation executor: at most one operation per volume, exponential backoff after a failure.
+
+kubelet's nestedpendingoperations (KUBELET.md A9): a volume with an operation in flight refuses a
+second one (`AlreadyPending`); a failed volume refuses new operations until its retry time
+(`InBackoff`), the wait starting at 0.5 s and doubling up to 2m2s. Both refusals are expected
+(`errors.is_expected`): the reconciler asks again on its next pass.
+
+One difference from kubelet, on purpose: the backoff belongs to the inputs that failed. When the
+inputs change (the missing ConfigMap appears, the pod is edited), the next attempt starts at once
+instead of waiting out a backoff earned by different data.
+
+Operations run as tasks of the executor's own nursery, so a hung one (a mount helper that never
+returns) blocks only its own volume.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.errors import AlreadyPending, FusevolError, InBackoff, is_expected
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Hashable
+
+    from fusevol.model import UniqueVolumeName
+
+log = logging.getLogger(__name__)
+
+FINAL_OPERATIONS = frozenset({"unmount"})
+"""Operations after whose success the volume is gone: its history is dropped with it."""
+
+
+@dataclass(slots=True)
+class VolumeOperationStatus:
+    """What `fusevol status` shows about a volume's operations."""
+
+    operation: str = ""
+    """The last operation started: mount, refresh or unmount."""
+    pending: bool = False
+    failures: int = 0
+    last_error: str = ""
+    retry_at: float = -math.inf
+    """trio clock time before which no new operation starts."""
+    failed_inputs: Hashable = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorStatistics:
+    pending: int
+    in_backoff: int
+    started: int
+    failed: int
+
+
+class Executor:
+    def __init__(
+        self,
+        *,
+        initial_backoff_s: float,
+        max_backoff_s: float,
+        on_done: Callable[[], None],
+    ) -> None:
+        self._initial_backoff_s = initial_backoff_s
+        self._max_backoff_s = max_backoff_s
+        self._on_done = on_done
+        self._status: dict[UniqueVolumeName, VolumeOperationStatus] = {}
+        self._nursery: trio.Nursery | None = None
+        self._started = 0
+        self._failed = 0
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Host the operations until cancelled (which cancels those in flight)."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            task_status.started()
+            await trio.sleep_forever()
+
+    def start(
+        self,
+        name: UniqueVolumeName,
+        operation: str,
+        run: Callable[[], Awaitable[None]],
+        *,
+        inputs: Hashable = None,
+    ) -> None:
+        """Start `run` for volume `name`, or raise AlreadyPending / InBackoff."""
+        assert self._nursery is not None, "Executor.run() is not running"
+        status = self._status.setdefault(name, VolumeOperationStatus())
+        if status.pending:
+            raise AlreadyPending(f"an operation on {name} is in progress")
+        now = trio.current_time()
+        if (
+            now < status.retry_at
+            and status.failed_inputs == inputs
+            and status.operation == operation
+        ):
+            raise InBackoff(f"no retries permitted for {name} until {status.retry_at - now:.1f}s")
+        status.pending = True
+        status.operation = operation
+        self._started += 1
+        self._nursery.start_soon(self._run, name, status, run, inputs)
+
+    def status(self, name: UniqueVolumeName) -> VolumeOperationStatus | None:
+        return self._status.get(name)
+
+    def is_pending(self, name: UniqueVolumeName) -> bool:
+        status = self._status.get(name)
+        return status is not None and status.pending
+
+    def forget(self, name: UniqueVolumeName) -> None:
+        """Drop a volume's history once it is gone (no-op while an operation is pending)."""
+        if not self.is_pending(name):
+            self._status.pop(name, None)
+
+    def next_retry_at(self) -> float:
+        """The earliest retry time still in the future, or +inf."""
+        now = trio.current_time()
+        times = [s.retry_at for s in self._status.values() if s.retry_at > now and not s.pending]
+        return min(times, default=math.inf)
+
+    def statistics(self) -> ExecutorStatistics:
+        now = trio.current_time()
+        return ExecutorStatistics(
+            pending=sum(s.pending for s in self._status.values()),
+            in_backoff=sum(s.retry_at > now for s in self._status.values()),
+            started=self._started,
+            failed=self._failed,
+        )
+
+    async def _run(
+        self,
+        name: UniqueVolumeName,
+        status: VolumeOperationStatus,
+        run: Callable[[], Awaitable[None]],
+        inputs: Hashable,
+    ) -> None:
+        try:
+            await run()
+        except Exception as exc:
+            self._failed += 1
+            self._record_failure(name, status, exc, inputs)
+        else:
+            if status.failures:
+                log.info("operation succeeded after %d failures volume=%s", status.failures, name)
+            status.failures, status.last_error, status.retry_at = 0, "", -math.inf
+            status.failed_inputs = None
+            if status.operation in FINAL_OPERATIONS:
+                self._status.pop(name, None)
+        finally:
+            status.pending = False
+            self._on_done()
+
+    def _record_failure(
+        self,
+        name: UniqueVolumeName,
+        status: VolumeOperationStatus,
+        exc: Exception,
+        inputs: Hashable,
+    ) -> None:
+        if status.failed_inputs != inputs:
+            status.failures = 0
+        delay = min(self._initial_backoff_s * 2**status.failures, self._max_backoff_s)
+        message = str(exc) or type(exc).__name__
+        repeated = message == status.last_error
+        status.failures += 1
+        status.last_error = message
+        status.retry_at = trio.current_time() + delay
+        status.failed_inputs = inputs
+        level = logging.DEBUG if repeated or is_expected(exc) else logging.ERROR
+        log.log(
+            level,
+            "%s failed volume=%s retry_in=%gs error=%s",
+            status.operation,
+            name,
+            delay,
+            message,
+            exc_info=None if isinstance(exc, FusevolError) else exc,
+        )

@@ -1,0 +1,56 @@
+"""Settings, one frozen dataclass per subsystem; units are in the names.
+
+`fusevol.cli` fills them from flags and `FUSEVOL_*` environment variables; nothing else reads the
+environment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+@dataclass(frozen=True, slots=True)
+class FuseSettings:
+    entry_timeout_s: float = 300.0
+    """How long the kernel may cache a name lookup. Long is safe: visible nodes never change, and
+    every structural change goes through the VFS, which updates the kernel's cache itself."""
+    attr_timeout_s: float = 300.0
+    """How long the kernel may cache attributes; safe for the same reason."""
+    old_version_grace_s: float = 2.0
+    """How long an old version stays after `..data` moved on, for readers that resolved `..data`
+    just before the switch (FUSE.md fact 6)."""
+    max_tasks: int = 8
+    """Concurrent request handlers in pyfuse3.main; requests are CPU-bound, a few suffice."""
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcileSettings:
+    resync_interval_s: float = 60.0
+    """A full pass runs at least this often even when nothing changed: kubelet's syncFrequency."""
+    initial_backoff_s: float = 0.5
+    """First wait after a failed operation: kubelet's initialDurationBeforeRetry."""
+    max_backoff_s: float = 122.0
+    """Longest wait between retries: kubelet's maxDurationBeforeRetry (2m2s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountSettings:
+    command_timeout_s: float = 60.0
+    """A mount or umount command running longer fails its operation (and only that one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    root: Path
+    """The agent's root directory: kubelet's --root-dir layout (`pods/<uid>/volumes/...`)."""
+    node_name: str
+    """Pods whose spec.nodeName names another node are not served."""
+    manifests: Path | None
+    """The directory of manifests to serve (the embedded default source)."""
+    fuse: FuseSettings = field(default_factory=FuseSettings)
+    reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
+    mount: MountSettings = field(default_factory=MountSettings)
