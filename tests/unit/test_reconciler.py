@@ -1,0 +1,457 @@
+"""The reconciler, driven end to end over real state objects and executor, with fake volumes.
+
+The `world` fixture builds the real ObjectStore, DesiredState, ActualState, Populator, Executor and
+Reconciler around `FakeVolumes`, which stands in for `ServedVolumes`: it renders with the real one
+(so a missing ConfigMap or an unsupported volume type fails exactly as on a node) but records
+set-up, refresh and tear-down instead of publishing and mounting, and fails on request.
+
+Time is trio's mock clock. The polling step is a power of two so that every instant the tests reach
+is exact in binary floating point, and retry times can be compared with `==`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, NamedTuple, cast
+
+import pytest
+import trio
+import trio.testing
+
+from fusevol import layout
+from fusevol.cache.actual import ActualState, MountedVolume, MountState
+from fusevol.cache.desired import DesiredState
+from fusevol.cache.store import ObjectStore
+from fusevol.errors import VolumeSetupError
+from fusevol.layout import Plugin
+from fusevol.model import (
+    ConfigMap,
+    ConfigMapVolumeSource,
+    Pod,
+    PodUID,
+    ResourceVersion,
+    UniqueVolumeName,
+    UnsupportedVolumeSource,
+    Volume,
+    VolumeName,
+)
+from fusevol.populator import Populator
+from fusevol.reconciler.executor import Executor
+from fusevol.reconciler.loop import Reconciler
+from fusevol.reconciler.volumes import ServedVolumes, remove_pod_dir
+from fusevol.settings import ReconcileSettings
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Hashable
+    from pathlib import Path
+
+    from fusevol.cache.desired import VolumeToServe
+    from fusevol.fuse.publish import Publisher
+    from fusevol.model import KubeObject
+    from fusevol.mount.backend import MountBackend
+
+SETTINGS = ReconcileSettings()  # kubelet's numbers: resync 60 s, backoff 0.5 s doubling to 122 s
+POLL_S = 2**-6
+BACKOFF_TIMES = [0.0, 0.5, 1.5, 3.5, 7.5]
+"""Attempt times, from the first, of an operation that keeps failing."""
+
+CFG = Volume(VolumeName("cfg"), ConfigMapVolumeSource(name="cm"))
+CM = ConfigMap(namespace="ns", name="cm", resource_version=ResourceVersion("1"), data={"k": "v"})
+POD_A = Pod(PodUID("uid-a"), "ns", "a", ResourceVersion("100"), volumes=(CFG,))
+POD_B = Pod(PodUID("uid-b"), "ns", "b", ResourceVersion("100"), volumes=(CFG,))
+POD_C = Pod(PodUID("uid-c"), "ns", "c", ResourceVersion("100"), volumes=(CFG,))
+POD_NFS = Pod(
+    PodUID("uid-n"),
+    "ns",
+    "n",
+    ResourceVersion("100"),
+    volumes=(CFG, Volume(VolumeName("data"), UnsupportedVolumeSource(type_name="nfs"))),
+)
+A_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-a-cfg")
+B_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-b-cfg")
+C_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-c-cfg")
+N_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-n-cfg")
+N_DATA = UniqueVolumeName("unsupported/uid-n-data")
+
+
+class Call(NamedTuple):
+    operation: str
+    name: UniqueVolumeName
+    time: float
+
+
+class FakeVolumes:
+    """`ServedVolumes` without FUSE or mounts: records calls, fails for names in `failing`."""
+
+    def __init__(self, *, root: Path, store: ObjectStore) -> None:
+        self._root = root
+        self._real = ServedVolumes(
+            root=root,
+            store=store,
+            publisher=cast("Publisher", None),
+            backend=cast("MountBackend", None),
+        )
+        self.calls: list[Call] = []
+        self.failing: set[UniqueVolumeName] = set()
+        self.removed_pod_dirs: list[PodUID] = []
+
+    def inputs(self, volume: VolumeToServe) -> Hashable:
+        return self._real.inputs(volume)
+
+    async def set_up(self, volume: VolumeToServe) -> MountedVolume:
+        self._record("set_up", volume.name)
+        self._real.render(volume)
+        assert volume.plugin is not None
+        path = layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.volume.name)
+        path.mkdir(parents=True, exist_ok=True)
+        return MountedVolume(
+            volume.name,
+            volume.plugin,
+            volume.pod.uid,
+            volume.volume.name,
+            path,
+            self.inputs(volume),
+        )
+
+    async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
+        self._record("refresh", volume.name)
+        self._real.render(volume)
+        return dataclasses.replace(mounted, inputs=self.inputs(volume))
+
+    async def tear_down(self, mounted: MountedVolume) -> None:
+        self._record("tear_down", mounted.name)
+        with contextlib.suppress(FileNotFoundError):
+            mounted.path.rmdir()
+
+    async def remove_pod_dir(self, uid: PodUID) -> None:
+        self.removed_pod_dirs.append(uid)
+        remove_pod_dir(layout.pod_dir(self._root, uid))
+
+    def calls_of(self, name: UniqueVolumeName) -> list[Call]:
+        return [c for c in self.calls if c.name == name]
+
+    def _record(self, operation: str, name: UniqueVolumeName) -> None:
+        self.calls.append(Call(operation, name, trio.current_time()))
+        if name in self.failing:
+            raise VolumeSetupError(f"injected {operation} failure")
+
+
+class RecordingExecutor(Executor):
+    """The real executor, also recording the operations it agreed to start, in order."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.started: list[tuple[str, UniqueVolumeName]] = []
+
+    def start(
+        self,
+        name: UniqueVolumeName,
+        operation: str,
+        run: Callable[[], Awaitable[None]],
+        *,
+        inputs: Hashable = None,
+    ) -> None:
+        super().start(name, operation, run, inputs=inputs)
+        self.started.append((operation, name))
+
+
+@dataclass
+class World:
+    root: Path
+    nursery: trio.Nursery
+    store: ObjectStore = field(default_factory=ObjectStore)
+    desired: DesiredState = field(default_factory=DesiredState)
+    actual: ActualState = field(default_factory=ActualState)
+    populator: Populator = field(init=False)
+    volumes: FakeVolumes = field(init=False)
+    executor: RecordingExecutor = field(init=False)
+    reconciler: Reconciler = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.populator = Populator(store=self.store, desired=self.desired)
+        self.volumes = FakeVolumes(root=self.root, store=self.store)
+        self.executor = RecordingExecutor(
+            initial_backoff_s=SETTINGS.initial_backoff_s,
+            max_backoff_s=SETTINGS.max_backoff_s,
+            on_done=lambda: self.reconciler.kick(),
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            populator=self.populator,
+            desired=self.desired,
+            actual=self.actual,
+            executor=self.executor,
+            volumes=cast("ServedVolumes", self.volumes),
+            resync_interval_s=SETTINGS.resync_interval_s,
+        )
+
+    def add(self, *objects: KubeObject, synced: bool = True) -> None:
+        for obj in objects:
+            self.store.upsert(obj)
+        if synced:
+            self.store.mark_synced()
+
+    def mounted(self, pod: Pod, *, inputs: Hashable, state: MountState) -> MountedVolume:
+        """An ActualState entry as reconstruct or an earlier set-up would have left it."""
+        path = layout.volume_dir(self.root, pod.uid, Plugin.CONFIG_MAP, CFG.name)
+        name = layout.unique_volume_name(Plugin.CONFIG_MAP, pod.uid, CFG.name)
+        return MountedVolume(name, Plugin.CONFIG_MAP, pod.uid, CFG.name, path, inputs, state)
+
+    async def start(self) -> None:
+        await self.nursery.start(self.executor.run)
+        await self.nursery.start(self.reconciler.run)
+
+
+@pytest.fixture
+def world(nursery: trio.Nursery, tmp_path: Path) -> World:
+    return World(tmp_path, nursery)
+
+
+@pytest.fixture
+async def served(world: World) -> World:
+    """A running world whose one pod, POD_A, has its volume set up (at time 0)."""
+    world.add(CM, POD_A)
+    await world.start()
+    await wait_until(lambda: A_CFG in world.actual)
+    return world
+
+
+async def wait_until(condition: Callable[[], bool], *, timeout_s: float = 600.0) -> None:
+    with trio.fail_after(timeout_s):
+        while not condition():
+            await trio.sleep(POLL_S)
+
+
+def error_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """Messages logged at WARNING or above so far; consumes them (they are asserted, not leaked)."""
+    found = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    caplog.clear()
+    return found
+
+
+# -- one pass --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("synced", "expected"),
+    [
+        pytest.param(
+            True,
+            [("unmount", A_CFG), ("mount", B_CFG), ("refresh", C_CFG)],
+            id="unmount-then-mount-then-refresh",
+        ),
+        pytest.param(False, [("mount", B_CFG), ("refresh", C_CFG)], id="no-unmount-before-sync"),
+    ],
+)
+async def test_one_pass_starts_operations_in_order(
+    autojump_clock: trio.testing.MockClock,
+    world: World,
+    synced: bool,
+    expected: list[tuple[str, UniqueVolumeName]],
+) -> None:
+    # A's pod is gone, C is set up from old inputs, B is new. C precedes B in the desired state.
+    world.actual.mark_mounted(world.mounted(POD_A, inputs=None, state=MountState.UNCERTAIN))
+    world.actual.mark_mounted(world.mounted(POD_C, inputs="old", state=MountState.MOUNTED))
+    world.add(CM, POD_C, POD_B, synced=synced)
+    await world.nursery.start(world.executor.run)
+    world.populator.populate()
+
+    world.reconciler.reconcile()
+
+    assert world.executor.started == expected
+    assert world.volumes.calls == []  # reconcile() only starts operations
+
+
+# -- the running loop ------------------------------------------------------------------------------
+
+
+async def test_pod_added_gets_its_volume_set_up_at_once(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    world.add(CM)
+    await world.start()
+    await trio.sleep_until(5)
+    world.store.upsert(POD_A)
+    await wait_until(lambda: A_CFG in world.actual)
+
+    assert world.volumes.calls == [Call("set_up", A_CFG, 5.0)]  # not at the next resync
+    mounted = world.actual.get(A_CFG)
+    assert mounted is not None
+    assert mounted.inputs == (CFG.source, "1")
+    assert mounted.path == layout.volume_dir(world.root, POD_A.uid, Plugin.CONFIG_MAP, CFG.name)
+
+
+async def test_pod_removed_gets_its_volume_torn_down(
+    autojump_clock: trio.testing.MockClock, served: World
+) -> None:
+    served.store.upsert(POD_B)
+    await wait_until(lambda: B_CFG in served.actual)
+    await trio.sleep_until(5)
+
+    served.store.delete(POD_A.key)
+    await wait_until(lambda: A_CFG not in served.actual)
+
+    assert served.volumes.calls_of(A_CFG)[1:] == [Call("tear_down", A_CFG, 5.0)]
+    assert B_CFG in served.actual
+    await wait_until(lambda: not layout.pod_dir(served.root, POD_A.uid).exists())
+    assert layout.pod_dir(served.root, POD_B.uid).exists()
+
+
+async def test_nothing_is_unmounted_before_the_store_is_synced(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    world.actual.mark_mounted(world.mounted(POD_A, inputs=None, state=MountState.UNCERTAIN))
+    world.add(CM, synced=False)
+    await world.start()
+
+    await trio.sleep(3 * SETTINGS.resync_interval_s)
+    assert world.reconciler.passes >= 3
+    assert world.volumes.calls == []
+    assert A_CFG in world.actual
+
+    world.store.mark_synced()
+    synced_at = trio.current_time()
+    await wait_until(lambda: A_CFG not in world.actual)
+    assert world.volumes.calls == [Call("tear_down", A_CFG, synced_at)]
+
+
+REFRESHES = [
+    pytest.param(
+        dataclasses.replace(CM, resource_version=ResourceVersion("2"), data={"k": "w"}),
+        ["refresh"],
+        "2",
+        id="configmap-new-version",
+    ),
+    pytest.param(CM, [], "1", id="configmap-delivered-again"),
+    pytest.param(dataclasses.replace(CM, name="other"), [], "1", id="unrelated-configmap"),
+    pytest.param(
+        dataclasses.replace(POD_A, resource_version=ResourceVersion("101"), labels={"x": "y"}),
+        [],
+        "1",
+        id="pod-metadata-only",
+    ),
+]
+
+
+@pytest.mark.parametrize(("delivered", "operations", "version"), REFRESHES)
+async def test_refresh_follows_object_versions(
+    autojump_clock: trio.testing.MockClock,
+    served: World,
+    delivered: KubeObject,
+    operations: list[str],
+    version: str,
+) -> None:
+    await trio.sleep_until(5)
+
+    served.store.upsert(delivered)
+    await trio.sleep(2 * SETTINGS.resync_interval_s)
+
+    assert served.volumes.calls_of(A_CFG)[1:] == [Call(op, A_CFG, 5.0) for op in operations]
+    mounted = served.actual.get(A_CFG)
+    assert mounted is not None
+    assert mounted.inputs == (CFG.source, version)
+
+
+# -- failures --------------------------------------------------------------------------------------
+
+
+async def test_failing_set_up_is_retried_on_backoff_until_it_succeeds(
+    autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.volumes.failing.add(A_CFG)
+    world.add(CM, POD_A)
+    await world.start()
+    await wait_until(lambda: len(world.volumes.calls) == 4)
+    assert A_CFG not in world.actual
+
+    world.volumes.failing.clear()
+    await wait_until(lambda: A_CFG in world.actual)
+
+    assert world.volumes.calls == [Call("set_up", A_CFG, t) for t in BACKOFF_TIMES]
+    status = world.executor.status(A_CFG)
+    assert status is not None
+    assert (status.failures, status.last_error) == (0, "")
+    [error] = error_lines(caplog)  # the repeats are DEBUG
+    assert "injected set_up failure" in error
+
+
+async def test_failing_tear_down_is_retried_and_the_volume_stays_mounted(
+    autojump_clock: trio.testing.MockClock, served: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    await trio.sleep_until(4)
+    served.volumes.failing.add(A_CFG)
+    served.store.delete(POD_A.key)
+    await wait_until(lambda: len(served.volumes.calls) == 5)
+    assert A_CFG in served.actual
+
+    served.volumes.failing.clear()
+    await wait_until(lambda: A_CFG not in served.actual)
+
+    assert served.volumes.calls[1:] == [Call("tear_down", A_CFG, 4 + t) for t in BACKOFF_TIMES]
+    [error] = error_lines(caplog)
+    assert "injected tear_down failure" in error
+
+
+async def test_missing_configmap_appearing_is_used_at_once_despite_backoff(
+    autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.add(POD_A)
+    await world.start()
+    await trio.sleep_until(2)  # attempts at 0, 0.5 and 1.5; the next would be at 3.5
+    world.store.upsert(CM)
+    await wait_until(lambda: A_CFG in world.actual)
+
+    assert [c.time for c in world.volumes.calls] == [0.0, 0.5, 1.5, 2.0]
+    [error] = error_lines(caplog)
+    assert "cm" in error
+
+
+async def test_configmap_deleted_keeps_the_last_good_content(
+    autojump_clock: trio.testing.MockClock, served: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    await trio.sleep_until(1)
+
+    served.store.delete(CM.key)
+    await trio.sleep(10)
+
+    assert served.volumes.calls[1:] == [Call("refresh", A_CFG, 1 + t) for t in BACKOFF_TIMES]
+    mounted = served.actual.get(A_CFG)
+    assert mounted is not None
+    assert mounted.inputs == (CFG.source, "1")
+    status = served.executor.status(A_CFG)
+    assert status is not None
+    assert (status.operation, status.failures) == ("refresh", 5)
+    assert len(error_lines(caplog)) == 1
+
+
+async def test_unsupported_volume_keeps_failing_with_a_clear_error(
+    autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    world.add(CM, POD_NFS)
+    await world.start()
+    await trio.sleep(10)
+
+    assert N_CFG in world.actual  # the pod's other volume is served
+    assert N_DATA in world.desired
+    assert N_DATA not in world.actual
+    assert [c.time for c in world.volumes.calls_of(N_DATA)] == BACKOFF_TIMES
+    status = world.executor.status(N_DATA)
+    assert status is not None
+    assert status.last_error == "volume type 'nfs' is not supported by fusevol"
+    assert status.retry_at == 7.5 + 8
+    [error] = error_lines(caplog)
+    assert f"volume={N_DATA}" in error
+    assert "'nfs' is not supported" in error
+
+
+async def test_executor_forgets_volumes_whose_pod_is_gone(
+    autojump_clock: trio.testing.MockClock, served: World
+) -> None:
+    served.store.delete(POD_A.key)
+    await wait_until(lambda: A_CFG not in served.actual)
+    await wait_until(lambda: not served.executor.is_pending(A_CFG))  # empty parents removed
+    await trio.sleep(2 * SETTINGS.resync_interval_s)
+    assert served.executor.status(A_CFG) is None
