@@ -1,0 +1,158 @@
+"""Run the real agent as a child process, the way a user does, and look at what it serves.
+
+`AgentProcess` starts `python -m fusevol run` on a manifest directory and a private root, waits
+until it is ready, and on `stop()` sends SIGTERM and checks that it exited 0 and left no mount
+below its root. The log goes to a file the tests can read (`log_text()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING, TypeVar
+
+from fusevol import layout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+NODE = "test-node"
+_T = TypeVar("_T")
+
+
+def mounts_below(root: Path) -> list[str]:
+    prefix = str(root.absolute()) + "/"
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+
+
+def wait_for(
+    probe: Callable[[], _T | None], *, timeout_s: float = 10.0, interval_s: float = 0.002
+) -> _T:
+    """Poll `probe` until it returns something truthy; its exceptions count as 'not yet'."""
+    deadline = time.monotonic() + timeout_s
+    last: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = probe()
+        except Exception as exc:
+            last = exc
+        else:
+            if value:
+                return value
+        time.sleep(interval_s)
+    raise TimeoutError(f"condition not met within {timeout_s}s (last error: {last!r})")
+
+
+class AgentProcess:
+    def __init__(self, *, manifests: Path, root: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self.manifests = manifests
+        self.root = root
+        self.log_path = root.parent / f"{root.name}-agent.log"
+        self._extra_args = extra_args
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> AgentProcess:
+        argv = [
+            sys.executable,
+            "-m",
+            "fusevol",
+            "run",
+            "--manifests",
+            str(self.manifests),
+            "--root",
+            str(self.root),
+            "--node-name",
+            NODE,
+            "--log-level",
+            "debug",
+            *self._extra_args,
+        ]
+        log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        wait_for(lambda: self._exited_early() or " ready " in self.log_text(), timeout_s=20)
+        return self
+
+    def _exited_early(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_text()}")
+        return False
+
+    def log_text(self) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+    def stop(self, *, check_clean: bool = True) -> int:
+        assert self.process is not None
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        if check_clean:
+            assert code == 0, self.log_text()
+            assert mounts_below(self.root) == [], self.log_text()
+        return code
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.kill()
+        self.process.wait(timeout=10)
+
+    def volume(self, uid: str, plugin: str, name: str) -> Path:
+        """A pod volume directory: `plugin` is `configmap` or `secret`."""
+        return self.root / "pods" / uid / "volumes" / f"kubernetes.io~{plugin}" / name
+
+    def wait_mounted(self, path: Path, *, timeout_s: float = 10.0) -> Path:
+        wait_for(lambda: str(path) in mounts_below(self.root), timeout_s=timeout_s)
+        return path
+
+    def volume_status(self, uid: str, volume: str) -> dict[str, object]:
+        """The volume's entry in the agent's status snapshot, or {} if it has none."""
+        data = json.loads(layout.status_file(self.root).read_text())
+        for pod in data["pods"]:
+            for entry in pod["volumes"] if pod["uid"] == uid else ():
+                if entry["name"] == volume:
+                    return dict(entry)
+        return {}
+
+    def wait_state(self, uid: str, volume: str, state: str, *, timeout_s: float = 10.0) -> None:
+        wait_for(lambda: self.volume_status(uid, volume).get("state") == state, timeout_s=timeout_s)
+
+    def status(self) -> str:
+        return subprocess.run(
+            [sys.executable, "-m", "fusevol", "status", "--root", str(self.root)],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+
+    def fuse_mountpoint(self) -> Path:
+        return layout.fuse_mountpoint(self.root)
+
+
+@contextlib.contextmanager
+def running_agent(manifests: Path, root: Path, *extra_args: str) -> Iterator[AgentProcess]:
+    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args).start()
+    try:
+        yield agent
+    finally:
+        if agent.process is not None and agent.process.poll() is None:
+            agent.stop(check_clean=False)
+        for path in reversed(mounts_below(root)):
+            subprocess.run(["umount", "-l", path], check=False)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Save a file the way editors do: write a temporary file, then rename it into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
