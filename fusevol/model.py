@@ -52,7 +52,8 @@ class ConfigMap:
     namespace: str
     name: str
     resource_version: ResourceVersion
-    data: Mapping[str, str] = field(default_factory=dict)
+    data: Mapping[str, bytes] = field(default_factory=dict)
+    """`data`, UTF-8 encoded once by the source: every volume projecting a key shares its bytes."""
     binary_data: Mapping[str, bytes] = field(default_factory=dict)
     immutable: bool = False
 

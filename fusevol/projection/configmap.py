@@ -1,7 +1,7 @@
 """The payload of a configMap volume: kubelet's `configmap.MakePayload` plus its not-found rule.
 
-Owns how a ConfigMap's two maps become one `{key: bytes}` view: `data` strings are UTF-8 encoded,
-`binaryData` is used as is. The API forbids a key in both maps, but a manifest source may not have
+Owns how a ConfigMap's two maps become one `{key: bytes}` view (the source encoded `data` once;
+the payload shares those bytes, so every volume of every pod holds the same copy). The API forbids a key in both maps, but a manifest source may not have
 checked, so the precedence copies kubelet's: with items `data` is looked up first; without items
 `binaryData` is written last and wins. The projection rules themselves live in `_items.py`.
 """
@@ -37,7 +37,6 @@ def make_payload(
 
 
 def _entries(configmap: ConfigMap, *, items: bool) -> Mapping[str, bytes]:
-    text = {key: value.encode("utf-8") for key, value in configmap.data.items()}
     if items:
-        return {**configmap.binary_data, **text}
-    return {**text, **configmap.binary_data}
+        return {**configmap.binary_data, **configmap.data}
+    return {**configmap.data, **configmap.binary_data}

@@ -224,7 +224,7 @@ def _config_map(
     r.total_size(size + sum(len(k) + len(v) for k, v in binary_data.items()))
     return model.ConfigMap(
         *header.identity,
-        data=data,
+        data={key: value.encode() for key, value in data.items()},
         binary_data=binary_data,
         immutable=r.boolean(document.get("immutable"), "immutable"),
     )

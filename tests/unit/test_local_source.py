@@ -42,7 +42,7 @@ def pod(name: str, node: str = "") -> str:
 
 def value(store: ObjectStore, name: str) -> str | None:
     obj = store.get(cm_key(name), ConfigMap)
-    return None if obj is None else obj.data["k"]
+    return None if obj is None else obj.data["k"].decode()
 
 
 def save_atomically(path: Path, text: str) -> None:

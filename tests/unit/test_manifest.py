@@ -109,7 +109,7 @@ CONVERSIONS = [
                 "default",
                 "app",
                 NO_VERSION,
-                data={"a": "1", "b": ""},
+                data={"a": b"1", "b": b""},
                 binary_data={"bin": b"\0\1"},
                 immutable=True,
             )
@@ -230,7 +230,7 @@ def test_conversion(text: bytes, expected: list[object]) -> None:
 def test_json(document: dict[str, Any]) -> None:
     text = json.dumps(document, indent=1).encode()
     assert parse_manifest(text, origin="m/app.json") == [
-        ConfigMap("default", "app", NO_VERSION, data={"a": "1"})
+        ConfigMap("default", "app", NO_VERSION, data={"a": b"1"})
     ]
 
 

@@ -20,7 +20,7 @@ CM = ConfigMap(
     namespace="ns",
     name="cm",
     resource_version=ResourceVersion("1"),
-    data={"app.conf": "listen 80\n", "greeting": "héllo", ".hidden": "dot"},
+    data={"app.conf": b"listen 80\n", "greeting": "héllo".encode(), ".hidden": b"dot"},
     binary_data={"logo.png": b"\x89PNG\x00\xff"},
 )
 
@@ -139,7 +139,7 @@ BOTH = ConfigMap(
     namespace="ns",
     name="cm",
     resource_version=ResourceVersion("1"),
-    data={"k": "text"},
+    data={"k": b"text"},
     binary_data={"k": b"binary"},
 )
 
@@ -210,3 +210,15 @@ def test_make_payload_fails(
 ) -> None:
     with pytest.raises(error, match=f"^{re.escape(message)}$"):
         make_payload(src, configmap)
+
+
+def test_every_volume_shares_the_objects_bytes() -> None:
+    # One copy of an object in memory however many volumes project it: payloads hold the very
+    # bytes objects the store holds, never copies.
+    all_keys = make_payload(ConfigMapVolumeSource(name="cm"), CM)
+    mapped = make_payload(
+        ConfigMapVolumeSource(name="cm", items=(KeyToPath("app.conf", "x/y.conf"),)), CM
+    )
+    assert all_keys["app.conf"].data is CM.data["app.conf"]
+    assert mapped["x/y.conf"].data is CM.data["app.conf"]
+    assert all_keys["logo.png"].data is CM.binary_data["logo.png"]

@@ -59,7 +59,7 @@ BACKOFF_TIMES = [0.0, 0.5, 1.5, 3.5, 7.5]
 """Attempt times, from the first, of an operation that keeps failing."""
 
 CFG = Volume(VolumeName("cfg"), ConfigMapVolumeSource(name="cm"))
-CM = ConfigMap(namespace="ns", name="cm", resource_version=ResourceVersion("1"), data={"k": "v"})
+CM = ConfigMap(namespace="ns", name="cm", resource_version=ResourceVersion("1"), data={"k": b"v"})
 POD_A = Pod(PodUID("uid-a"), "ns", "a", ResourceVersion("100"), volumes=(CFG,))
 POD_B = Pod(PodUID("uid-b"), "ns", "b", ResourceVersion("100"), volumes=(CFG,))
 POD_C = Pod(PodUID("uid-c"), "ns", "c", ResourceVersion("100"), volumes=(CFG,))
@@ -320,7 +320,7 @@ async def test_nothing_is_unmounted_before_the_store_is_synced(
 
 REFRESHES = [
     pytest.param(
-        dataclasses.replace(CM, resource_version=ResourceVersion("2"), data={"k": "w"}),
+        dataclasses.replace(CM, resource_version=ResourceVersion("2"), data={"k": b"w"}),
         ["refresh"],
         "2",
         id="configmap-new-version",

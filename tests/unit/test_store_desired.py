@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
     from fusevol.model import KubeObject
 
-CM = ConfigMap(namespace="ns", name="cm", resource_version=ResourceVersion("1"), data={"k": "v"})
+CM = ConfigMap(namespace="ns", name="cm", resource_version=ResourceVersion("1"), data={"k": b"v"})
 SECRET = Secret(namespace="ns", name="s", resource_version=ResourceVersion("7"), data={"k": b"v"})
 POD = Pod(
     uid=PodUID("uid-a"),
@@ -68,7 +68,7 @@ def desired() -> DesiredState:
         pytest.param((CM,), dataclasses.replace(CM), False, id="equal-copy"),
         pytest.param(
             (CM,),
-            dataclasses.replace(CM, resource_version=ResourceVersion("2"), data={"k": "w"}),
+            dataclasses.replace(CM, resource_version=ResourceVersion("2"), data={"k": b"w"}),
             True,
             id="new-version",
         ),
