@@ -1,9 +1,10 @@
 """The payload of a configMap volume: kubelet's `configmap.MakePayload` plus its not-found rule.
 
-Owns how a ConfigMap's two maps become one `{key: bytes}` view (the source encoded `data` once;
-the payload shares those bytes, so every volume of every pod holds the same copy). The API forbids a key in both maps, but a manifest source may not have
-checked, so the precedence copies kubelet's: with items `data` is looked up first; without items
-`binaryData` is written last and wins. The projection rules themselves live in `_items.py`.
+Owns how a ConfigMap's two maps become one `{key: bytes}` view. The source encoded `data` once, and
+payloads share those bytes, so every volume of every pod holds the same copy. The API forbids a
+key in both maps, but a manifest source may not have checked, so the precedence copies kubelet's:
+with items `data` is looked up first; without items `binaryData` is written last and wins. The
+projection rules themselves live in `_items.py`.
 """
 
 from __future__ import annotations

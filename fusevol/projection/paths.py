@@ -1,13 +1,10 @@
-"""Path and key rules of kubelet's AtomicWriter and of the API server, in one place.
+"""Path rules of kubelet's AtomicWriter.
 
 Owns:
 - `clean_path`: Go's `filepath.Clean`, which kubelet applies to every payload path.
 - `validate_path` / `validate_payload`: AtomicWriter's `validatePath` and `validatePayload`
   (KUBELET.md A2). Validation runs on the path as given, cleaning afterwards, exactly as kubelet
   does, so `foo/../bar` is rejected while `foo//bar` and `./bar` are accepted.
-- `validate_configmap_key` / `validate_local_path`: the API-side rules that shape inputs before
-  kubelet sees them (`IsConfigMapKey`, `ValidateLocalNonReservedPath`, A4). A source that does not
-  go through an API server (the manifest directory) calls them itself.
 
 Where kubelet would accept a payload and then fail (or silently misbehave) while writing it,
 `validate_payload` fails cleanly instead, with `InvalidPayload`: a path that is both a file and a
@@ -17,7 +14,9 @@ is not UTF-8). Paths that clean to the same name keep the last one given (kubele
 that choice at random).
 
 Lengths are UTF-8 bytes, as Go's `len()` measures them. Messages quote paths and keys, never file
-contents. Excluded: anything that reads or writes files.
+contents. Excluded: anything that reads or writes files, and the API server's input validation
+(`IsConfigMapKey`, `ValidateLocalNonReservedPath`), which belongs to a source that has no API
+server in front of it (`fusevol.source.manifest`).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from fusevol.errors import InvalidInput, InvalidPayload
+from fusevol.errors import InvalidPayload
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -117,41 +116,6 @@ def validate_payload(payload: Mapping[str, FileProjection]) -> dict[str, FilePro
         cleaned[clean] = projection
     _reject_file_as_directory(cleaned)
     return cleaned
-
-
-def validate_configmap_key(key: str) -> None:
-    """Raise `InvalidInput` unless the API's `IsConfigMapKey` accepts `key` (Secret keys too)."""
-    problems: list[str] = []
-    if _nbytes(key) > MAX_KEY_BYTES:
-        problems.append(f"must be no more than {MAX_KEY_BYTES} bytes")
-    if _KEY_CHARS.fullmatch(key) is None:
-        problems.append(
-            "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
-        )
-    if key == ".":
-        problems.append("must not be '.'")
-    elif key == "..":
-        problems.append("must not be '..'")
-    elif key.startswith(".."):
-        problems.append("must not start with '..'")
-    if problems:
-        raise InvalidInput(f"invalid key {_quote(key)}: {'; '.join(problems)}")
-
-
-def validate_local_path(path: str) -> None:
-    """Raise `InvalidInput` unless `KeyToPath.path` passes API validation.
-
-    `validateKeyToPath` requires the path; `ValidateLocalNonReservedPath` rejects absolute paths,
-    `..` elements and a leading `..` (reported once: `../x` is a `..` element).
-    """
-    if not path:
-        raise InvalidInput(f"invalid path {_quote(path)}: must not be empty")
-    if path.startswith("/"):
-        raise InvalidInput(f"invalid path {_quote(path)}: must be a relative path")
-    if ".." in path.split("/"):
-        raise InvalidInput(f"invalid path {_quote(path)}: must not contain '..'")
-    if path.startswith(".."):
-        raise InvalidInput(f"invalid path {_quote(path)}: must not start with '..'")
 
 
 def _reject_file_as_directory(paths: Mapping[str, object]) -> None:

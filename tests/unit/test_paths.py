@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import posixpath
-import re
 
 import pytest
 
-from fusevol.errors import InvalidInput, InvalidPayload
+from fusevol.errors import InvalidPayload
 from fusevol.model import FileProjection
 from fusevol.projection.paths import (
     clean_path,
-    validate_configmap_key,
-    validate_local_path,
     validate_path,
     validate_payload,
 )
@@ -201,80 +198,3 @@ def test_validate_payload_rejects(payload: dict[str, FileProjection], message: s
 )
 def test_validate_payload_allows_shared_directories(paths: list[str]) -> None:
     assert set(validate_payload({path: file(b"") for path in paths})) == set(paths)
-
-
-VALID_KEYS = [
-    pytest.param("a", id="single"),
-    pytest.param("key.name", id="dotted"),
-    pytest.param("KEY_NAME", id="underscore"),
-    pytest.param("key-name", id="dash"),
-    pytest.param(".dotfile", id="dotfile"),
-    pytest.param("a..b", id="inner-dotdot"),
-    pytest.param("k" * 253, id="253-bytes"),
-]
-
-
-@pytest.mark.parametrize("key", VALID_KEYS)
-def test_validate_configmap_key_accepts(key: str) -> None:
-    validate_configmap_key(key)
-
-
-INVALID_KEYS = [
-    pytest.param("", "must consist of alphanumeric", id="empty"),
-    pytest.param(".", "must not be '.'", id="dot"),
-    pytest.param("..", "must not be '..'", id="dotdot"),
-    pytest.param("..a", "must not start with '..'", id="leading-dotdot"),
-    pytest.param("...", "must not start with '..'", id="triple-dot"),
-    pytest.param("a/b", "must consist of alphanumeric", id="slash"),
-    pytest.param("a b", "must consist of alphanumeric", id="space"),
-    pytest.param("a\n", "must consist of alphanumeric", id="trailing-newline"),
-    pytest.param("ключ", "must consist of alphanumeric", id="non-ascii"),
-    pytest.param("k" * 254, "must be no more than 253 bytes", id="254-bytes"),
-]
-
-
-@pytest.mark.parametrize(("key", "message"), INVALID_KEYS)
-def test_validate_configmap_key_rejects(key: str, message: str) -> None:
-    with pytest.raises(InvalidInput) as info:
-        validate_configmap_key(key)
-    assert message in str(info.value)
-    assert str(info.value).startswith("invalid key ")
-    assert not isinstance(info.value, InvalidPayload)
-
-
-def test_validate_configmap_key_reports_every_problem() -> None:
-    with pytest.raises(InvalidInput, match=r"253 bytes; a valid config key .*; must not start"):
-        validate_configmap_key(".." + "/" * 260)
-
-
-@pytest.mark.parametrize(
-    "path",
-    [
-        pytest.param("a", id="name"),
-        pytest.param("a/b", id="nested"),
-        pytest.param(".a", id="dotfile"),
-        pytest.param("a/..b", id="inner-dotdot-prefix"),
-        pytest.param("a..", id="trailing-dotdot"),
-        pytest.param("./a", id="leading-dot"),
-    ],
-)
-def test_validate_local_path_accepts(path: str) -> None:
-    validate_local_path(path)
-
-
-@pytest.mark.parametrize(
-    ("path", "message"),
-    [
-        pytest.param("", "must not be empty", id="empty"),
-        pytest.param("/a", "must be a relative path", id="absolute"),
-        pytest.param("..", "must not contain '..'", id="dotdot"),
-        pytest.param("../a", "must not contain '..'", id="leading-dotdot-element"),
-        pytest.param("a/..", "must not contain '..'", id="trailing-dotdot-element"),
-        pytest.param("a/../b", "must not contain '..'", id="inner-dotdot-element"),
-        pytest.param("..a", "must not start with '..'", id="reserved-name"),
-        pytest.param("..data/x", "must not start with '..'", id="under-data-link"),
-    ],
-)
-def test_validate_local_path_rejects(path: str, message: str) -> None:
-    with pytest.raises(InvalidInput, match=re.escape(f'invalid path "{path}": {message}')):
-        validate_local_path(path)
