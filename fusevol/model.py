@@ -114,13 +114,88 @@ class SecretVolumeSource:
 
 
 @dataclass(frozen=True, slots=True)
+class ObjectFieldSelector:
+    """`fieldRef`: a field of the pod, e.g. `metadata.labels` or `metadata.annotations['k']`."""
+
+    field_path: str
+    api_version: str = "v1"
+
+
+@dataclass(frozen=True, slots=True)
+class ResourceFieldSelector:
+    """`resourceFieldRef`: a container's limit or request, e.g. `limits.memory`."""
+
+    resource: str
+    container_name: str = ""
+    divisor: str = ""
+    """A Kubernetes quantity (`1m`, `1Mi`, ...); empty means 1."""
+
+
+@dataclass(frozen=True, slots=True)
+class DownwardAPIVolumeFile:
+    path: str
+    field_ref: ObjectFieldSelector | None = None
+    resource_field_ref: ResourceFieldSelector | None = None
+    mode: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DownwardAPIVolumeSource:
+    items: tuple[DownwardAPIVolumeFile, ...] = ()
+    default_mode: int = DEFAULT_MODE
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigMapProjection:
+    name: str
+    items: tuple[KeyToPath, ...] = ()
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SecretProjection:
+    name: str
+    items: tuple[KeyToPath, ...] = ()
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DownwardAPIProjection:
+    items: tuple[DownwardAPIVolumeFile, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceAccountTokenProjection:
+    path: str
+    audience: str = ""
+    expiration_seconds: int = 3600
+
+
+VolumeProjection = (
+    ConfigMapProjection | SecretProjection | DownwardAPIProjection | ServiceAccountTokenProjection
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ProjectedVolumeSource:
+    sources: tuple[VolumeProjection, ...] = ()
+    default_mode: int = DEFAULT_MODE
+
+
+@dataclass(frozen=True, slots=True)
 class UnsupportedVolumeSource:
     """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
 
     type_name: str
 
 
-VolumeSource = ConfigMapVolumeSource | SecretVolumeSource | UnsupportedVolumeSource
+VolumeSource = (
+    ConfigMapVolumeSource
+    | SecretVolumeSource
+    | DownwardAPIVolumeSource
+    | ProjectedVolumeSource
+    | UnsupportedVolumeSource
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,10 +213,19 @@ class VolumeMount:
 
 
 @dataclass(frozen=True, slots=True)
+class ResourceRequirements:
+    """A container's `resources`: resource name -> quantity string (`cpu: 500m`)."""
+
+    limits: Mapping[str, str] = field(default_factory=dict)
+    requests: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Container:
     name: str
     volume_mounts: tuple[VolumeMount, ...] = ()
     run_as_user: int | None = None
+    resources: ResourceRequirements = field(default_factory=ResourceRequirements)
 
 
 @dataclass(frozen=True, slots=True)

@@ -118,6 +118,8 @@ class ServedVolumes:
                 return secret.make_payload(source, self._store.get(key, Secret))
             case UnsupportedVolumeSource(type_name=type_name):
                 raise VolumeSetupError(f"volume type {type_name!r} is not supported by fusevol")
+            case _:
+                raise VolumeSetupError(f"volume {volume.volume.name!r}: not served yet")
 
     async def _remove(self, name: bytes, target: Path) -> None:
         await self._backend.unmount(target)
