@@ -2,9 +2,11 @@
 
 Owns: decoding one manifest file (`*.json`: one JSON value; anything else: multi-document YAML),
 picking out the core/v1 kinds fusevol acts on (Pod, ConfigMap, Secret; also inside `kind: List`),
-the API defaulting fusevol relies on (namespace `default`, `defaultMode` 0644, `stringData` merged
-over `data`, a volume without a type is an `emptyDir`, a stable uid for pods that carry none) and
-the subset of `pkg/apis/core/validation` that shapes what fusevol serves (KUBELET.md A4).
+the API defaulting fusevol relies on (namespace `default`, `stringData` merged over `data`, a
+stable uid for pods that carry none) and the subset of `pkg/apis/core/validation` that shapes what
+fusevol serves (KUBELET.md A4). Pod volumes are read by `fusevol.source.volumes`, typed fields by
+`fusevol.source._reader`; container `resources` are kept as quantity strings after a light check
+(`_reader.Reader.quantity_map`), and parsed where a downwardAPI file reads them.
 
 Shaped as one pure function over bytes so that tests and the watcher (`fusevol.source.local`) feed
 it alike. One bad object rejects the whole file with a `ManifestError` naming the file, the object
@@ -14,26 +16,25 @@ logs, and so do YAML snippets).
 
 Excludes: file I/O and watching (`fusevol.source.local`), resourceVersion assignment (the watcher
 numbers what it delivers), validation of fields fusevol does not read (label syntax, images,
-resources, Secret type-specific keys, required containers), and the payload path rules applied
-when a volume is rendered (`fusevol.projection.paths`).
+resource names and requests against limits, Secret type-specific keys, required containers), and
+the payload path rules applied when a volume is rendered (`fusevol.projection.paths`).
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import logging
-import re
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from fusevol import model
 from fusevol.errors import ManifestError
-from fusevol.model import KeyToPath, KubeObject, ObjectKey, ResourceVersion, VolumeName
+from fusevol.model import KubeObject, ObjectKey, ResourceVersion, VolumeName
+from fusevol.source._reader import Reader, describe_type, quote
+from fusevol.source.volumes import parse_volumes, persistent_source
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterator, Mapping
@@ -45,18 +46,8 @@ except ImportError:  # pragma: no cover - PyYAML built without libyaml
 
 log = logging.getLogger(__name__)
 
-MAX_DATA_BYTES = 1024 * 1024
-"""`MaxConfigMapSize` and `MaxSecretSize`: the sum of the lengths of every key and value."""
-
-_MAX_ID = 2**31 - 1
 _MAX_DEPTH = 500  # Kubernetes objects need a few dozen levels
-_CONFIG_KEY = re.compile(r"[-._a-zA-Z0-9]+")
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_SUBDOMAIN = re.compile(rf"{_DNS_LABEL.pattern}(\.{_DNS_LABEL.pattern})*")
-_KEY_MESSAGE = "a valid config key must consist of alphanumeric characters, '-', '_' or '.'"
-_TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
 _MERGE_TAG = "tag:yaml.org,2002:merge"
-_T = TypeVar("_T")
 
 
 def parse_manifest(text: bytes, *, origin: str) -> list[KubeObject]:
@@ -158,11 +149,13 @@ def _documents(
         if document is None:
             continue
         if not isinstance(document, dict):
-            raise ManifestError(f"{origin}: {where}: must be a mapping, not {_type(document)}")
+            raise ManifestError(
+                f"{origin}: {where}: must be a mapping, not {describe_type(document)}"
+            )
         if document.get("kind") != "List":
             yield where, document
             continue
-        for item_index, item in enumerate(_Reader(origin, where).sequence(document.get("items"))):
+        for item_index, item in enumerate(Reader(origin, where).sequence(document.get("items"))):
             if not isinstance(item, dict):
                 raise ManifestError(f"{origin}: {where}: items[{item_index}]: must be a mapping")
             yield f"{where} items[{item_index}]", item
@@ -187,15 +180,22 @@ class _Header:
 def _convert(document: Mapping[object, object], *, origin: str, where: str) -> KubeObject | None:
     kind = document.get("kind")
     api_version = document.get("apiVersion", "v1")
-    if kind not in ("Pod", "ConfigMap", "Secret") or api_version != "v1":
+    if kind not in _KINDS or api_version != "v1":
         log.debug("%s: %s: skipped kind=%r apiVersion=%r", origin, where, kind, api_version)
         return None
     label = str(kind).lower()
-    unnamed = _Reader(origin, f"{where} ({label})")
+    unnamed = Reader(origin, f"{where} ({label})")
     metadata = unnamed.mapping(document.get("metadata"), "metadata")
     name = unnamed.string(metadata.get("name"), "metadata.name", required=True)
+    if kind == "PersistentVolume":  # cluster-scoped
+        r = Reader(origin, f"{label} {name}")
+        r.dns_name(name, "metadata.name", subdomain=True)
+        version = r.string(metadata.get("resourceVersion"), "metadata.resourceVersion")
+        return _persistent_volume(
+            r, document=document, header=_Header("", name, ResourceVersion(version), metadata)
+        )
     namespace = unnamed.string(metadata.get("namespace"), "metadata.namespace") or "default"
-    r = _Reader(origin, f"{label} {namespace}/{name}")
+    r = Reader(origin, f"{label} {namespace}/{name}")
     r.dns_name(name, "metadata.name", subdomain=True)
     r.dns_name(namespace, "metadata.namespace", subdomain=False)
     version = r.string(metadata.get("resourceVersion"), "metadata.resourceVersion")
@@ -204,18 +204,87 @@ def _convert(document: Mapping[object, object], *, origin: str, where: str) -> K
         return _config_map(r, document=document, header=header)
     if kind == "Secret":
         return _secret(r, document=document, header=header)
+    if kind == "PersistentVolumeClaim":
+        return _claim(r, document=document, header=header)
     return _pod(r, document=document, header=header)
 
 
+_KINDS = frozenset({"Pod", "ConfigMap", "Secret", "PersistentVolume", "PersistentVolumeClaim"})
+_PV_TYPES = ("nfs", "local", "hostPath")
+
+
+def _persistent_volume(
+    r: Reader, *, document: Mapping[object, object], header: _Header
+) -> model.PersistentVolume:
+    spec = r.mapping(document.get("spec") or {}, "spec")
+    types = [key for key in spec if key in _PV_TYPES and spec[key] is not None]
+    if len(types) > 1:
+        r.fail("spec", "may not specify more than 1 volume type")
+    source: model.PersistentVolumeSource
+    if types:
+        source = persistent_source(
+            r, type_name=str(types[0]), value=spec[types[0]], path=f"spec.{types[0]}"
+        )
+    else:
+        others = [str(k) for k in spec if str(k) not in _PV_SPEC_FIELDS]
+        source = model.UnsupportedVolumeSource(type_name=others[0] if others else "none")
+    claim_ref = None
+    if spec.get("claimRef") is not None:
+        ref = r.mapping(spec.get("claimRef"), "spec.claimRef")
+        claim_ref = (
+            r.string(ref.get("namespace"), "spec.claimRef.namespace") or "default",
+            r.string(ref.get("name"), "spec.claimRef.name", required=True),
+        )
+    options = [
+        r.string(o, f"spec.mountOptions[{i}]")
+        for i, o in enumerate(r.sequence(spec.get("mountOptions") or [], "spec.mountOptions"))
+    ]
+    return model.PersistentVolume(
+        header.name,
+        header.resource_version,
+        source,
+        mount_options=tuple(options),
+        annotations=r.string_map(header.metadata.get("annotations"), "metadata.annotations"),
+        claim_ref=claim_ref,
+        storage_class_name=r.string(spec.get("storageClassName"), "spec.storageClassName"),
+    )
+
+
+_PV_SPEC_FIELDS = frozenset(
+    {
+        "capacity",
+        "accessModes",
+        "claimRef",
+        "persistentVolumeReclaimPolicy",
+        "storageClassName",
+        "mountOptions",
+        "volumeMode",
+        "nodeAffinity",
+        "volumeAttributesClassName",
+    }
+)
+
+
+def _claim(
+    r: Reader, *, document: Mapping[object, object], header: _Header
+) -> model.PersistentVolumeClaim:
+    spec = r.mapping(document.get("spec") or {}, "spec")
+    return model.PersistentVolumeClaim(
+        *header.identity,
+        volume_name=r.string(spec.get("volumeName"), "spec.volumeName"),
+        storage_class_name=r.string(spec.get("storageClassName"), "spec.storageClassName"),
+    )
+
+
 def _config_map(
-    r: _Reader, *, document: Mapping[object, object], header: _Header
+    r: Reader, *, document: Mapping[object, object], header: _Header
 ) -> model.ConfigMap:
     data = r.string_map(document.get("data"), "data")
     binary_data: dict[str, bytes] = {}
     for key in data:
-        r.config_key(key, f"data[{_quote(key)}]")
+        r.config_key(key, f"data[{quote(key)}]")
     for key, text in r.string_map(document.get("binaryData"), "binaryData").items():
-        path = f"binaryData[{_quote(key)}]"
+        path = f"binaryData[{quote(key)}]"
         r.config_key(key, path)
         if key in data:
             r.fail(path, "duplicate of key present in data")
@@ -230,14 +299,14 @@ def _config_map(
     )
 
 
-def _secret(r: _Reader, *, document: Mapping[object, object], header: _Header) -> model.Secret:
+def _secret(r: Reader, *, document: Mapping[object, object], header: _Header) -> model.Secret:
     data: dict[str, bytes] = {}
     for key, text in r.string_map(document.get("data"), "data").items():
-        path = f"data[{_quote(key)}]"
+        path = f"data[{quote(key)}]"
         r.config_key(key, path)
         data[key] = r.decode_base64(text, path)
     for key, text in r.string_map(document.get("stringData"), "stringData").items():
-        r.config_key(key, f"stringData[{_quote(key)}]")
+        r.config_key(key, f"stringData[{quote(key)}]")
         data[key] = text.encode()  # stringData wins over data, as in the API server
     r.total_size(sum(len(k) + len(v) for k, v in data.items()))
     return model.Secret(
@@ -248,11 +317,11 @@ def _secret(r: _Reader, *, document: Mapping[object, object], header: _Header) -
     )
 
 
-def _pod(r: _Reader, *, document: Mapping[object, object], header: _Header) -> model.Pod:
+def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> model.Pod:
     metadata = header.metadata
     spec = r.mapping(document.get("spec"), "spec")
     security = r.mapping(spec.get("securityContext"), "spec.securityContext")
-    volumes = _volumes(r, spec.get("volumes"))
+    volumes = parse_volumes(r, spec.get("volumes"))
     names = frozenset(volume.name for volume in volumes)
     uid = r.string(metadata.get("uid"), "metadata.uid") or str(
         uuid.uuid5(uuid.NAMESPACE_URL, f"fusevol:{header.namespace}/{header.name}")
@@ -275,46 +344,8 @@ def _pod(r: _Reader, *, document: Mapping[object, object], header: _Header) -> m
     )
 
 
-def _volumes(r: _Reader, value: object) -> tuple[model.Volume, ...]:
-    volumes: list[model.Volume] = []
-    for index, raw in enumerate(r.sequence(value, "spec.volumes")):
-        path = f"spec.volumes[{index}]"
-        entry = r.mapping(raw, path)
-        name = r.string(entry.get("name"), f"{path}.name", required=True)
-        r.dns_name(name, f"{path}.name", subdomain=False)
-        if any(volume.name == name for volume in volumes):
-            r.fail(f"{path}.name", f"Duplicate value: {_quote(name)}")
-        # A key set to null is no volume type; no type at all is defaulted to emptyDir.
-        types = [key for key, item in entry.items() if key != "name" and item is not None]
-        if len(types) > 1:
-            r.fail(path, "may not specify more than 1 volume type")
-        type_name = types[0] if types else "emptyDir"
-        if not isinstance(type_name, str):
-            r.fail(path, f"volume type {type_name!r} must be a string")
-        source = _volume_source(
-            r, type_name=type_name, value=entry.get(type_name), path=f"{path}.{type_name}"
-        )
-        volumes.append(model.Volume(VolumeName(name), source))
-    return tuple(volumes)
-
-
-def _volume_source(r: _Reader, *, type_name: str, value: object, path: str) -> model.VolumeSource:
-    if type_name not in ("configMap", "secret"):
-        return model.UnsupportedVolumeSource(type_name=type_name)
-    source = r.mapping(value, path)
-    name_field = "name" if type_name == "configMap" else "secretName"
-    name = r.string(source.get(name_field), f"{path}.{name_field}", required=True)
-    items = r.items(source.get("items"), f"{path}.items")
-    mode = r.mode(source.get("defaultMode"), f"{path}.defaultMode")
-    default_mode = model.DEFAULT_MODE if mode is None else mode
-    optional = r.boolean(source.get("optional"), f"{path}.optional")
-    if type_name == "configMap":
-        return model.ConfigMapVolumeSource(name, items, default_mode, optional)
-    return model.SecretVolumeSource(name, items, default_mode, optional)
-
-
 def _containers(
-    r: _Reader, value: object, *, path: str, volumes: frozenset[str]
+    r: Reader, value: object, *, path: str, volumes: frozenset[str]
 ) -> tuple[model.Container, ...]:
     containers: list[model.Container] = []
     for index, raw in enumerate(r.sequence(value, path)):
@@ -322,6 +353,7 @@ def _containers(
         container = r.mapping(raw, at)
         mounts = r.sequence(container.get("volumeMounts"), f"{at}.volumeMounts")
         security = r.mapping(container.get("securityContext"), f"{at}.securityContext")
+        resources = r.mapping(container.get("resources"), f"{at}.resources")
         containers.append(
             model.Container(
                 name=r.string(container.get("name"), f"{at}.name", required=True),
@@ -330,141 +362,23 @@ def _containers(
                     for i, mount in enumerate(mounts)
                 ),
                 run_as_user=r.user_id(security.get("runAsUser"), f"{at}.securityContext.runAsUser"),
+                resources=model.ResourceRequirements(
+                    limits=r.quantity_map(resources.get("limits"), f"{at}.resources.limits"),
+                    requests=r.quantity_map(resources.get("requests"), f"{at}.resources.requests"),
+                ),
             )
         )
     return tuple(containers)
 
 
-def _mount(r: _Reader, value: object, *, path: str, volumes: frozenset[str]) -> model.VolumeMount:
+def _mount(r: Reader, value: object, *, path: str, volumes: frozenset[str]) -> model.VolumeMount:
     mount = r.mapping(value, path)
     volume = r.string(mount.get("name"), f"{path}.name", required=True)
     if volume not in volumes:
-        r.fail(f"{path}.name", f"Not found: {_quote(volume)}")
+        r.fail(f"{path}.name", f"Not found: {quote(volume)}")
     return model.VolumeMount(
         name=VolumeName(volume),
         mount_path=r.string(mount.get("mountPath"), f"{path}.mountPath", required=True),
         read_only=r.boolean(mount.get("readOnly"), f"{path}.readOnly"),
         sub_path=r.string(mount.get("subPath"), f"{path}.subPath"),
     )
-
-
-# -- field readers ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Reader:
-    """Reads typed fields of one object; every failure names the file, the object and the field."""
-
-    origin: str
-    subject: str
-
-    def fail(self, path: str, message: str) -> NoReturn:
-        raise ManifestError(f"{self.origin}: {self.subject}: {path}: {message}")
-
-    def expect(self, value: object, path: str, default: _T) -> _T:
-        """`value` if it has the type of `default`; `default` if it is null, as Go decodes null."""
-        if value is None:
-            return default
-        if not isinstance(value, type(default)):
-            self.fail(path, f"must be {_TYPE_NAMES[type(default)]}, not {_type(value)}")
-        return value
-
-    def mapping(self, value: object, path: str) -> Mapping[object, object]:
-        return self.expect(value, path, cast("dict[object, object]", {}))
-
-    def sequence(self, value: object, path: str = "items") -> list[object]:
-        return self.expect(value, path, cast("list[object]", []))
-
-    def string(self, value: object, path: str, *, required: bool = False) -> str:
-        value = self.expect(value, path, "")
-        if required and not value:
-            self.fail(path, "Required value")
-        if not value.isascii() and value.encode(errors="replace").decode() != value:
-            self.fail(path, "must be valid Unicode (a lone surrogate escape)")  # JSON's "\\ud800"
-        return value
-
-    def boolean(self, value: object, path: str) -> bool:
-        return self.expect(value, path, False)
-
-    def integer(self, value: object, path: str, *, maximum: int, message: str) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            self.fail(path, f"must be an integer, not {_type(value)}")
-        if not 0 <= value <= maximum:
-            self.fail(path, message)
-        return value
-
-    def mode(self, value: object, path: str) -> int | None:
-        message = "must be a number between 0 and 0777 (octal), both inclusive"
-        return self.integer(value, path, maximum=0o777, message=message)
-
-    def user_id(self, value: object, path: str) -> int | None:
-        message = f"must be between 0 and {_MAX_ID}, inclusive"
-        return self.integer(value, path, maximum=_MAX_ID, message=message)
-
-    def string_map(self, value: object, path: str) -> dict[str, str]:
-        result: dict[str, str] = {}
-        for key, item in self.mapping(value, path).items():
-            if not isinstance(key, str):
-                self.fail(path, f"key {key!r} must be a string")
-            result[key] = self.string(item, f"{path}[{_quote(key)}]")
-        return result
-
-    def decode_base64(self, text: str, path: str) -> bytes:
-        # Go's StdEncoding skips CR and LF (folded YAML) but is otherwise strict and padded.
-        try:
-            return base64.b64decode(text.replace("\n", "").replace("\r", ""), validate=True)
-        except (binascii.Error, ValueError) as exc:
-            self.fail(path, f"illegal base64 data: {exc}")
-
-    def config_key(self, key: str, path: str) -> None:
-        """`IsConfigMapKey`; keys pass the regex first, so their length in bytes is `len()`."""
-        if not _CONFIG_KEY.fullmatch(key):
-            self.fail(path, _KEY_MESSAGE)
-        if len(key) > 253:
-            self.fail(path, "must be no more than 253 bytes")
-        if key in (".", ".."):
-            self.fail(path, f"must not be '{key}'")
-        if key.startswith(".."):
-            self.fail(path, "must not start with '..'")
-
-    def total_size(self, size: int) -> None:
-        if size > MAX_DATA_BYTES:
-            self.fail("data", f"Too long: must have at most {MAX_DATA_BYTES} bytes (has {size})")
-
-    def dns_name(self, name: str, path: str, *, subdomain: bool) -> None:
-        pattern, limit = (_DNS_SUBDOMAIN, 253) if subdomain else (_DNS_LABEL, 63)
-        if len(name) > limit:
-            self.fail(path, f"must be no more than {limit} characters")
-        if not pattern.fullmatch(name):
-            kind = "subdomain" if subdomain else "label"
-            self.fail(path, f"must be a lowercase RFC 1123 {kind} (regex {pattern.pattern!r})")
-
-    def items(self, value: object, path: str) -> tuple[KeyToPath, ...]:
-        items: list[KeyToPath] = []
-        for index, raw in enumerate(self.sequence(value, path)):
-            item_path = f"{path}[{index}]"
-            item = self.mapping(raw, item_path)
-            key = self.string(item.get("key"), f"{item_path}.key", required=True)
-            target = self.string(item.get("path"), f"{item_path}.path", required=True)
-            self.local_path(target, f"{item_path}.path")
-            items.append(KeyToPath(key, target, self.mode(item.get("mode"), f"{item_path}.mode")))
-        return tuple(items)
-
-    def local_path(self, target: str, path: str) -> None:
-        """`ValidateLocalNonReservedPath`: relative, no `..` element, not starting with `..`."""
-        if target.startswith("/"):
-            self.fail(path, f"invalid value {_quote(target)}: must be a relative path")
-        if ".." in target.split("/"):
-            self.fail(path, f"invalid value {_quote(target)}: must not contain '..'")
-        if target.startswith(".."):
-            self.fail(path, f"invalid value {_quote(target)}: must not start with '..'")
-
-
-def _quote(key: str) -> str:
-    return json.dumps(key)
-
-
-def _type(value: object) -> str:
-    return "null" if value is None else type(value).__name__

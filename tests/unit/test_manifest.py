@@ -14,14 +14,26 @@ import yaml
 from fusevol.errors import ManifestError
 from fusevol.model import (
     ConfigMap,
+    ConfigMapProjection,
     ConfigMapVolumeSource,
     Container,
+    DownwardAPIProjection,
+    DownwardAPIVolumeFile,
+    DownwardAPIVolumeSource,
+    EmptyDirVolumeSource,
     KeyToPath,
+    NFSVolumeSource,
+    ObjectFieldSelector,
     Pod,
     PodUID,
+    ProjectedVolumeSource,
+    ResourceFieldSelector,
+    ResourceRequirements,
     ResourceVersion,
     Secret,
+    SecretProjection,
     SecretVolumeSource,
+    ServiceAccountTokenProjection,
     UnsupportedVolumeSource,
     Volume,
     VolumeMount,
@@ -99,6 +111,54 @@ spec:
   - name: scratch
 """
 
+DOWNWARD_POD = b"""\
+kind: Pod
+metadata: {name: web}
+spec:
+  containers:
+  - name: main
+    resources:
+      limits: {cpu: 0.5, memory: 1Gi, hugepages-2Mi: 2}
+      requests: {cpu: 250m}
+  initContainers:
+  - name: init
+  volumes:
+  - name: info
+    downwardAPI:
+      defaultMode: 0444
+      items:
+      - {path: labels, fieldRef: {fieldPath: metadata.labels}}
+      - path: owner
+        mode: 0400
+        fieldRef: {apiVersion: v1, fieldPath: "metadata.annotations['Example.com/Owner']"}
+      - {path: mem, resourceFieldRef: {containerName: main, resource: limits.memory, divisor: 1Mi}}
+      - {path: cpu, resourceFieldRef: {containerName: main, resource: requests.cpu, divisor: 1}}
+      - {path: pages, resourceFieldRef: {containerName: init, resource: limits.hugepages-2Mi}}
+"""
+
+PROJECTED_POD = b"""\
+kind: Pod
+metadata: {name: web}
+spec:
+  volumes:
+  - name: all
+    projected:
+      defaultMode: 0440
+      sources:
+      - configMap: {name: cm, items: [{key: a, path: conf/a}]}
+      - secret: {name: s, optional: true}
+      - downwardAPI: {items: [{path: name, fieldRef: {fieldPath: metadata.name}}]}
+      - serviceAccountToken: {path: token}
+      - serviceAccountToken: {path: vault, audience: vault, expirationSeconds: 7200}
+      - {}
+  - name: empty
+    projected: {}
+  - name: bundle
+    projected:
+      sources:
+      - clusterTrustBundle: {signerName: example.com/ca, path: ca.pem}
+"""
+
 CONVERSIONS = [
     pytest.param(
         to_yaml(
@@ -164,8 +224,8 @@ CONVERSIONS = [
                         ),
                     ),
                     Volume(VolumeName("creds"), SecretVolumeSource("creds")),
-                    Volume(VolumeName("share"), UnsupportedVolumeSource("nfs")),
-                    Volume(VolumeName("scratch"), UnsupportedVolumeSource("emptyDir")),
+                    Volume(VolumeName("share"), NFSVolumeSource("nfs.example", "/export")),
+                    Volume(VolumeName("scratch"), EmptyDirVolumeSource()),
                 ),
                 containers=(
                     Container(
@@ -210,6 +270,104 @@ CONVERSIONS = [
         id="utf8-bom",
     ),
     pytest.param(b"", [], id="empty-file"),
+    pytest.param(
+        DOWNWARD_POD,
+        [
+            Pod(
+                derived_uid("default", "web"),
+                "default",
+                "web",
+                NO_VERSION,
+                volumes=(
+                    Volume(
+                        VolumeName("info"),
+                        DownwardAPIVolumeSource(
+                            (
+                                DownwardAPIVolumeFile(
+                                    "labels", ObjectFieldSelector("metadata.labels")
+                                ),
+                                DownwardAPIVolumeFile(
+                                    "owner",
+                                    ObjectFieldSelector(
+                                        "metadata.annotations['Example.com/Owner']", "v1"
+                                    ),
+                                    mode=0o400,
+                                ),
+                                DownwardAPIVolumeFile(
+                                    "mem",
+                                    resource_field_ref=ResourceFieldSelector(
+                                        "limits.memory", "main", "1Mi"
+                                    ),
+                                ),
+                                DownwardAPIVolumeFile(
+                                    "cpu",
+                                    resource_field_ref=ResourceFieldSelector(
+                                        "requests.cpu", "main", "1"
+                                    ),
+                                ),
+                                DownwardAPIVolumeFile(
+                                    "pages",
+                                    resource_field_ref=ResourceFieldSelector(
+                                        "limits.hugepages-2Mi", "init"
+                                    ),
+                                ),
+                            ),
+                            default_mode=0o444,
+                        ),
+                    ),
+                ),
+                containers=(
+                    Container(
+                        "main",
+                        resources=ResourceRequirements(
+                            limits={"cpu": "0.5", "memory": "1Gi", "hugepages-2Mi": "2"},
+                            requests={"cpu": "250m"},
+                        ),
+                    ),
+                ),
+                init_containers=(Container("init"),),
+            )
+        ],
+        id="pod-downward-api-and-resources",
+    ),
+    pytest.param(
+        PROJECTED_POD,
+        [
+            Pod(
+                derived_uid("default", "web"),
+                "default",
+                "web",
+                NO_VERSION,
+                volumes=(
+                    Volume(
+                        VolumeName("all"),
+                        ProjectedVolumeSource(
+                            (
+                                ConfigMapProjection("cm", (KeyToPath("a", "conf/a"),)),
+                                SecretProjection("s", optional=True),
+                                DownwardAPIProjection(
+                                    (
+                                        DownwardAPIVolumeFile(
+                                            "name", ObjectFieldSelector("metadata.name")
+                                        ),
+                                    )
+                                ),
+                                ServiceAccountTokenProjection("token"),
+                                ServiceAccountTokenProjection("vault", "vault", 7200),
+                            ),
+                            default_mode=0o440,
+                        ),
+                    ),
+                    Volume(VolumeName("empty"), ProjectedVolumeSource()),
+                    Volume(
+                        VolumeName("bundle"),
+                        UnsupportedVolumeSource("projected with clusterTrustBundle"),
+                    ),
+                ),
+            )
+        ],
+        id="pod-projected",
+    ),
 ]
 
 
@@ -261,6 +419,38 @@ MODE_RANGE = "must be a number between 0 and 0777 (octal), both inclusive"
 
 def cm_volume(**source: Any) -> dict[str, Any]:
     return {"name": "v", "configMap": {"name": "app", **source}}
+
+
+def downward(*items: dict[str, Any]) -> dict[str, Any]:
+    return {"name": "v", "downwardAPI": {"items": list(items)}}
+
+
+def field_item(field_path: str, **ref: Any) -> dict[str, Any]:
+    return {"path": "f", "fieldRef": {"fieldPath": field_path, **ref}}
+
+
+def resource_item(resource: str, **ref: Any) -> dict[str, Any]:
+    return {"path": "r", "resourceFieldRef": {"containerName": "c", "resource": resource, **ref}}
+
+
+def projected(*sources: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    return {"name": "v", "projected": {"sources": list(sources), **fields}}
+
+
+def container(**resources: Any) -> dict[str, Any]:
+    return {"name": "c", "resources": resources}
+
+
+DOWNWARD_ITEM = f"{VOL0}.downwardAPI.items[0]"
+SOURCE0 = f"{VOL0}.projected.sources[0]"
+SOURCE1 = f"{VOL0}.projected.sources[1]"
+VOLUME_FIELDS = (
+    'supported values: "metadata.annotations", "metadata.labels", "metadata.name", '
+    '"metadata.namespace", "metadata.uid"'
+)
+QUALIFIED = "a qualified name must consist of alphanumeric characters"
+BYTE_DIVISORS = "1, 1k, 1M, 1G, 1T, 1P, 1E, 1Ki, 1Mi, 1Gi, 1Ti, 1Pi, 1Ei"
+QUANTITY_REGEX = "quantities must match the regular expression"
 
 
 ERRORS = [
@@ -478,6 +668,236 @@ ERRORS = [
         to_yaml(pod(containers=[{"name": "c", "securityContext": {"runAsUser": "root"}}])),
         f"{POD}: spec.containers[0].securityContext.runAsUser: must be an integer, not str",
         id="run-as-user-string",
+    ),
+    # -- container resources
+    pytest.param(
+        to_yaml(pod(containers=[container(limits={"cpu": "abc"})])),
+        f'{POD}: spec.containers[0].resources.limits["cpu"]: invalid value "abc": {QUANTITY_REGEX}',
+        id="resource-not-a-quantity",
+    ),
+    pytest.param(
+        to_yaml(pod(containers=[container(requests={"memory": "-1Gi"})])),
+        f'{POD}: spec.containers[0].resources.requests["memory"]: invalid value "-1Gi": '
+        "must be greater than or equal to 0",
+        id="resource-negative",
+    ),
+    pytest.param(
+        to_yaml(pod(containers=[container(limits={"cpu": True})])),
+        f'{POD}: spec.containers[0].resources.limits["cpu"]: must be a string, not bool',
+        id="resource-bool",
+    ),
+    pytest.param(
+        to_yaml(pod(containers=[container(limits={"cpu": ""})])),
+        f'{POD}: spec.containers[0].resources.limits["cpu"]: Required value',
+        id="resource-empty",
+    ),
+    # -- downwardAPI volumes
+    pytest.param(
+        to_yaml(pod(downward({"fieldRef": {"fieldPath": "metadata.name"}}))),
+        f"{POD}: {DOWNWARD_ITEM}.path: Required value",
+        id="downward-path-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(downward({"path": "../x", "fieldRef": {"fieldPath": "metadata.name"}}))),
+        f"{POD}: {DOWNWARD_ITEM}.path: invalid value \"../x\": must not contain '..'",
+        id="downward-path-backstep",
+    ),
+    pytest.param(
+        to_yaml(pod(downward({"path": "..data", "fieldRef": {"fieldPath": "metadata.name"}}))),
+        f"{POD}: {DOWNWARD_ITEM}.path: invalid value \"..data\": must not start with '..'",
+        id="downward-path-reserved",
+    ),
+    pytest.param(
+        to_yaml(pod(downward({"path": "f"}))),
+        f"{POD}: {DOWNWARD_ITEM}: Required value: one of fieldRef and resourceFieldRef is required",
+        id="downward-no-reference",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.name") | resource_item("limits.cpu")))),
+        f"{POD}: {DOWNWARD_ITEM}: "
+        "fieldRef and resourceFieldRef can not be specified simultaneously",
+        id="downward-both-references",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.name") | {"mode": 0o1000}))),
+        f"{POD}: {DOWNWARD_ITEM}.mode: {MODE_RANGE}",
+        id="downward-mode",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "downwardAPI": {"defaultMode": 512}})),
+        f"{POD}: {VOL0}.downwardAPI.defaultMode: {MODE_RANGE}",
+        id="downward-default-mode",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("spec.nodeName")))),
+        f'{POD}: {DOWNWARD_ITEM}.fieldRef.fieldPath: unsupported value "spec.nodeName": '
+        f"{VOLUME_FIELDS}",
+        id="field-env-only",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.labels[ 'key' ]")))),
+        f"{POD}: {DOWNWARD_ITEM}.fieldRef.fieldPath: unsupported value",
+        id="field-spaced-subscript",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.name['x']")))),
+        f"{POD}: {DOWNWARD_ITEM}.fieldRef.fieldPath: invalid value \"metadata.name['x']\": "
+        "error converting fieldPath: field label does not support subscript",
+        id="field-subscript-on-name",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.labels['Www.k8s.io/test']")))),
+        f'{POD}: {DOWNWARD_ITEM}.fieldRef: invalid value "Www.k8s.io/test": {QUALIFIED}',
+        id="field-label-key-not-lowered",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.annotations['a[b']c']")))),
+        f'{POD}: {DOWNWARD_ITEM}.fieldRef: invalid value "a[b\']c": {QUALIFIED}',
+        id="field-annotation-key-odd",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(field_item("metadata.name", apiVersion="v2")))),
+        f'{POD}: {DOWNWARD_ITEM}.fieldRef.fieldPath: invalid value "metadata.name": '
+        "error converting fieldPath: unsupported pod version: v2",
+        id="field-api-version",
+    ),
+    pytest.param(
+        to_yaml(pod(downward({"path": "f", "fieldRef": {}}))),
+        f"{POD}: {DOWNWARD_ITEM}.fieldRef.fieldPath: Required value",
+        id="field-path-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(downward({"path": "r", "resourceFieldRef": {"resource": "limits.cpu"}}))),
+        f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.containerName: Required value",
+        id="resource-container-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(resource_item("limits.nvidia.com/gpu")))),
+        f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.resource: unsupported value "
+        '"limits.nvidia.com/gpu": supported values: "limits.cpu"',
+        id="resource-extended",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(resource_item("limits.cpu", divisor="1k")))),
+        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "limits.cpu": '
+        "only divisor's values 1m and 1 are supported with the cpu resource",
+        id="divisor-cpu",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(resource_item("requests.memory", divisor="1m")))),
+        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "requests.memory": '
+        f"only divisor's values {BYTE_DIVISORS} are supported with the memory resource",
+        id="divisor-memory",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(resource_item("limits.ephemeral-storage", divisor="1024Ki")))),
+        f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "
+        f'"limits.ephemeral-storage": only divisor\'s values {BYTE_DIVISORS} are supported '
+        "with the local ephemeral storage resource",
+        id="divisor-storage-spelled-otherwise",
+    ),
+    pytest.param(
+        to_yaml(pod(downward(resource_item("limits.hugepages-2Mi", divisor="2Mi")))),
+        f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "
+        f'"limits.hugepages-2Mi": only divisor\'s values {BYTE_DIVISORS} are supported '
+        "with the hugepages resource",
+        id="divisor-hugepages",
+    ),
+    # -- projected volumes
+    pytest.param(
+        to_yaml(pod(projected({"configMap": {"name": "a"}, "secret": {"name": "b"}}))),
+        f"{POD}: {SOURCE0}: may not specify more than 1 volume type",
+        id="projected-two-types",
+    ),
+    pytest.param(
+        to_yaml(
+            pod(
+                projected(
+                    {"configMap": {"name": "a", "items": [{"key": "k", "path": "x"}]}},
+                    {"secret": {"name": "b", "items": [{"key": "k", "path": "x"}]}},
+                )
+            )
+        ),
+        f'{POD}: {VOL0}.projected: invalid value "b": conflicting duplicate paths',
+        id="projected-duplicate-item-paths",
+    ),
+    pytest.param(
+        to_yaml(
+            pod(
+                projected(
+                    {"configMap": {"name": "a", "items": [{"key": "k", "path": "x"}]}},
+                    {"downwardAPI": {"items": [field_item("metadata.name") | {"path": "x"}]}},
+                )
+            )
+        ),
+        f'{POD}: {VOL0}.projected: invalid value "x": conflicting duplicate paths',
+        id="projected-duplicate-downward-path",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"configMap": {"items": []}}))),
+        f"{POD}: {SOURCE0}.configMap.name: Required value",
+        id="projected-configmap-name",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"secret": {"name": "s", "items": [{"key": "k", "path": "/x"}]}}))),
+        f'{POD}: {SOURCE0}.secret.items[0].path: invalid value "/x": must be a relative path',
+        id="projected-secret-item-path",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"downwardAPI": {"items": [field_item("status.podIP")]}}))),
+        f"{POD}: {SOURCE0}.downwardAPI.items[0].fieldRef.fieldPath: unsupported value",
+        id="projected-downward-field",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"serviceAccountToken": {"path": "t", "expirationSeconds": 599}}))),
+        f"{POD}: {SOURCE0}.serviceAccountToken.expirationSeconds: invalid value 599: "
+        "may not specify a duration less than 10 minutes",
+        id="token-too-short",
+    ),
+    pytest.param(
+        to_yaml(
+            pod(projected({"serviceAccountToken": {"path": "t", "expirationSeconds": 2**32 + 1}}))
+        ),
+        f"{POD}: {SOURCE0}.serviceAccountToken.expirationSeconds: invalid value 4294967297: "
+        "may not specify a duration larger than 2^32 seconds",
+        id="token-too-long",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"serviceAccountToken": {"path": "t", "expirationSeconds": "1h"}}))),
+        f"{POD}: {SOURCE0}.serviceAccountToken.expirationSeconds: must be an integer, not str",
+        id="token-expiry-not-integer",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"serviceAccountToken": {"audience": "a"}}))),
+        f"{POD}: {SOURCE0}.serviceAccountToken.path: Required value",
+        id="token-path-missing",
+    ),
+    pytest.param(
+        to_yaml(pod(projected({"serviceAccountToken": {"path": "/t"}}))),
+        f'{POD}: {SOURCE0}.serviceAccountToken.path: invalid value "/t": must be a relative path',
+        id="token-path-absolute",
+    ),
+    pytest.param(
+        to_yaml(
+            pod(
+                projected(
+                    {"clusterTrustBundle": {"name": "b", "path": "ca"}},
+                    {"configMap": {"name": "a", "items": [{"key": "k", "path": "ca"}]}},
+                )
+            )
+        ),
+        f'{POD}: {VOL0}.projected: invalid value "a": conflicting duplicate paths',
+        id="projected-duplicate-with-unsupported-source",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "projected": {"defaultMode": 0o1000}})),
+        f"{POD}: {VOL0}.projected.defaultMode: {MODE_RANGE}",
+        id="projected-default-mode",
+    ),
+    pytest.param(
+        to_yaml(pod({"name": "v", "projected": {"sources": {"configMap": {}}}})),
+        f"{POD}: {VOL0}.projected.sources: must be a list, not dict",
+        id="projected-sources-not-a-list",
     ),
 ]
 
