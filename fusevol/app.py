@@ -2,7 +2,8 @@
 
 Start-up order (each `nursery.start` returns once the component is ready):
     1. lock `<root>/fusevol/lock`, so two agents never share a root;
-    2. detach mounts a killed predecessor left below the root (reconstruct.py);
+    2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
+       the pod volume directories on the node (reconstruct.py);
     3. the FUSE mount, then the publisher that switches versions through it;
     4. the executor and the status reporter;
     5. the source: returns after its complete initial read (the store is synced);
@@ -15,12 +16,13 @@ keeps answering until the last bind mount of it is gone, so no unmount waits on 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import logging
 import os
 import signal
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -35,10 +37,16 @@ from fusevol.fuse.session import serve
 from fusevol.fuse.tree import Tree
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
+from fusevol.projection.downward import host_allocatable
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
-from fusevol.reconciler.reconstruct import clean_stale_mounts, remove_pod_dirs
-from fusevol.reconciler.volumes import ServedVolumes
+from fusevol.reconciler.reconstruct import (
+    detach_dead_fuse_mounts,
+    reconstruct,
+    remove_pod_dirs,
+    unmount_all_below,
+)
+from fusevol.reconciler.volumes import Volumes
 from fusevol.source.local import ManifestSource
 from fusevol.status import StatusReporter
 
@@ -91,6 +99,7 @@ class Agent:
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
+            statistics=self.statistics,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -98,8 +107,12 @@ class Agent:
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
-            volumes=ServedVolumes(
-                root=root, store=self.store, publisher=self.publisher, backend=self.backend
+            volumes=Volumes(
+                root=root,
+                store=self.store,
+                publisher=self.publisher,
+                backend=self.backend,
+                allocatable=host_allocatable(),
             ),
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
@@ -110,10 +123,21 @@ class Agent:
             directory=settings.manifests, node_name=settings.node_name, store=self.store
         )
 
+    def statistics(self) -> dict[str, Any]:
+        """Every component's counters, for the status snapshot."""
+        return {
+            "fuse_tree": dataclasses.asdict(self.tree.statistics()),
+            "publisher": dataclasses.asdict(self.publisher.statistics()),
+            "executor": dataclasses.asdict(self.executor.statistics()),
+            "store": dataclasses.asdict(self.store.statistics()),
+        }
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root
         with _locked(layout.agent_dir(root) / "lock"):  # (1)
-            await clean_stale_mounts(self.backend, root)  # (2)
+            await detach_dead_fuse_mounts(self.backend, root)  # (2)
+            for volume in reconstruct(root):
+                self.actual.mark_mounted(volume)
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
             layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
@@ -135,7 +159,7 @@ class Agent:
                     _sd_notify(b"STOPPING=1")
                     with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
                         await self.reconciler.unmount_all()
-                        await clean_stale_mounts(self.backend, layout.pods_dir(root))
+                        await unmount_all_below(self.backend, layout.pods_dir(root))
                         await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
                     fuse_scope.cancel()
                     fuse_nursery.cancel_scope.cancel()

@@ -1,10 +1,12 @@
 """Where things live on the node: kubelet's directory layout, and the volume plugins' names.
 
-    <root>/pods/<uid>/volumes/<plugin dir>/<volume name>   a pod volume (KUBELET.md A1)
-    <root>/fusevol/mnt                                       the agent's FUSE mount
-    <root>/fusevol/status.json                               what `fusevol status` reads
+    <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (KUBELET.md A1)
+    <root>/fusevol/mnt                                    the agent's FUSE mount
+    <root>/fusevol/status.json                            what `fusevol status` reads
 
-Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~").
+Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
+spec name is the pod's volume name, or the PersistentVolume's name for a volume that comes
+through a claim (kubelet's `volume.Spec.Name()`).
 """
 
 from __future__ import annotations
@@ -14,20 +16,36 @@ from typing import TYPE_CHECKING
 
 from fusevol.model import (
     ConfigMapVolumeSource,
+    DownwardAPIVolumeSource,
+    EmptyDirVolumeSource,
+    HostPathVolumeSource,
+    LocalVolumeSource,
+    NFSVolumeSource,
+    PersistentVolumeSource,
     PodUID,
+    ProjectedVolumeSource,
     SecretVolumeSource,
     UniqueVolumeName,
-    VolumeName,
     VolumeSource,
 )
 
 if TYPE_CHECKING:
     from pathlib import Path
 
+FUSE_SUBTYPE = "fusevol"
+FUSE_FSTYPE = f"fuse.{FUSE_SUBTYPE}"
+"""The file system type of the agent's FUSE mount (and of every bind of it) in mountinfo."""
+
 
 class Plugin(enum.Enum):
     CONFIG_MAP = "kubernetes.io/configmap"
     SECRET = "kubernetes.io/secret"
+    DOWNWARD_API = "kubernetes.io/downward-api"
+    PROJECTED = "kubernetes.io/projected"
+    EMPTY_DIR = "kubernetes.io/empty-dir"
+    NFS = "kubernetes.io/nfs"
+    LOCAL = "kubernetes.io/local-volume"
+    HOST_PATH = "kubernetes.io/host-path"
 
     @property
     def dir_name(self) -> str:
@@ -37,21 +55,47 @@ class Plugin(enum.Enum):
     def short_name(self) -> str:
         return self.value.rsplit("/", 1)[1]
 
+    @property
+    def served_from_memory(self) -> bool:
+        """Served by the FUSE file system (else set up by the mount backend)."""
+        return self in _SERVED_FROM_MEMORY
 
-def plugin_for(source: VolumeSource) -> Plugin | None:
+    @classmethod
+    def from_dir_name(cls, name: str) -> Plugin | None:
+        return next((p for p in cls if p.dir_name == name), None)
+
+
+_SERVED_FROM_MEMORY = frozenset(
+    {Plugin.CONFIG_MAP, Plugin.SECRET, Plugin.DOWNWARD_API, Plugin.PROJECTED}
+)
+
+
+def plugin_for(source: VolumeSource | PersistentVolumeSource) -> Plugin | None:
     """The plugin that serves `source`, or None for a volume type fusevol does not serve."""
     match source:
         case ConfigMapVolumeSource():
             return Plugin.CONFIG_MAP
         case SecretVolumeSource():
             return Plugin.SECRET
+        case DownwardAPIVolumeSource():
+            return Plugin.DOWNWARD_API
+        case ProjectedVolumeSource():
+            return Plugin.PROJECTED
+        case EmptyDirVolumeSource():
+            return Plugin.EMPTY_DIR
+        case NFSVolumeSource():
+            return Plugin.NFS
+        case LocalVolumeSource():
+            return Plugin.LOCAL
+        case HostPathVolumeSource():
+            return Plugin.HOST_PATH
         case _:
             return None
 
 
-def unique_volume_name(plugin: Plugin, uid: PodUID, volume: VolumeName) -> UniqueVolumeName:
-    """Kubelet's unique name of a non-attachable volume: `<plugin>/<pod uid>-<volume name>`."""
-    return UniqueVolumeName(f"{plugin.value}/{uid}-{volume}")
+def unique_volume_name(plugin: Plugin, uid: PodUID, spec_name: str) -> UniqueVolumeName:
+    """Kubelet's unique name of a non-attachable volume: `<plugin>/<pod uid>-<spec name>`."""
+    return UniqueVolumeName(f"{plugin.value}/{uid}-{spec_name}")
 
 
 def pods_dir(root: Path) -> Path:
@@ -62,8 +106,8 @@ def pod_dir(root: Path, uid: PodUID) -> Path:
     return pods_dir(root) / uid
 
 
-def volume_dir(root: Path, uid: PodUID, plugin: Plugin, volume: VolumeName) -> Path:
-    return pod_dir(root, uid) / "volumes" / plugin.dir_name / volume
+def volume_dir(root: Path, uid: PodUID, plugin: Plugin, spec_name: str) -> Path:
+    return pod_dir(root, uid) / "volumes" / plugin.dir_name / spec_name
 
 
 def agent_dir(root: Path) -> Path:
@@ -78,7 +122,7 @@ def status_file(root: Path) -> Path:
     return agent_dir(root) / "status.json"
 
 
-def fuse_name(uid: PodUID, volume: VolumeName) -> bytes:
+def fuse_name(uid: PodUID, spec_name: str) -> bytes:
     """The name of a pod volume's subtree on the FUSE mount. Pod UIDs and volume names (DNS
     labels) never contain "_", so the name is unique."""
-    return f"{uid}_{volume}".encode()
+    return f"{uid}_{spec_name}".encode()

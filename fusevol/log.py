@@ -31,7 +31,9 @@ def setup(level: str) -> None:
         handler.setFormatter(_JournalFormatter("%(name)s: %(message)s"))
     else:
         handler.setFormatter(
-            logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S")
+            logging.Formatter(
+                "%(asctime)s.%(msecs)03d %(levelname)s %(name)s: %(message)s", "%H:%M:%S"
+            )
         )
     root = logging.getLogger()
     root.handlers[:] = [handler]

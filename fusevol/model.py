@@ -33,17 +33,21 @@ class Kind(enum.Enum):
     POD = "Pod"
     CONFIG_MAP = "ConfigMap"
     SECRET = "Secret"
+    PERSISTENT_VOLUME = "PersistentVolume"
+    PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectKey:
-    """Identity of a namespaced object."""
+    """Identity of an object; cluster-scoped ones (PersistentVolume) have namespace ""."""
 
     kind: Kind
     namespace: str
     name: str
 
     def __str__(self) -> str:
+        if not self.namespace:
+            return f"{self.kind.value.lower()} {self.name}"
         return f"{self.kind.value.lower()} {self.namespace}/{self.name}"
 
 
@@ -183,6 +187,41 @@ class ProjectedVolumeSource:
 
 
 @dataclass(frozen=True, slots=True)
+class NFSVolumeSource:
+    server: str
+    path: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class HostPathVolumeSource:
+    path: str
+    type: str = ""
+    """"", DirectoryOrCreate, Directory, FileOrCreate, File, Socket, CharDevice or BlockDevice."""
+
+
+@dataclass(frozen=True, slots=True)
+class EmptyDirVolumeSource:
+    medium: str = ""
+    """"" (a directory on the node's disk) or "Memory" (a tmpfs)."""
+    size_limit: str = ""
+    """A quantity; with medium Memory it sizes the tmpfs."""
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentVolumeClaimVolumeSource:
+    claim_name: str
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LocalVolumeSource:
+    """A PersistentVolume's `spec.local`: a path on the node, bind-mounted into pods."""
+
+    path: str
+
+
+@dataclass(frozen=True, slots=True)
 class UnsupportedVolumeSource:
     """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
 
@@ -194,7 +233,15 @@ VolumeSource = (
     | SecretVolumeSource
     | DownwardAPIVolumeSource
     | ProjectedVolumeSource
+    | NFSVolumeSource
+    | HostPathVolumeSource
+    | EmptyDirVolumeSource
+    | PersistentVolumeClaimVolumeSource
     | UnsupportedVolumeSource
+)
+
+PersistentVolumeSource = (
+    NFSVolumeSource | LocalVolumeSource | HostPathVolumeSource | UnsupportedVolumeSource
 )
 
 
@@ -249,7 +296,40 @@ class Pod:
         return ObjectKey(Kind.POD, self.namespace, self.name)
 
 
-KubeObject = Pod | ConfigMap | Secret
+@dataclass(frozen=True, slots=True)
+class PersistentVolume:
+    name: str
+    resource_version: ResourceVersion
+    source: PersistentVolumeSource
+    mount_options: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    claim_ref: tuple[str, str] | None = None
+    """(namespace, name) of the claim this volume is bound to, if any."""
+    storage_class_name: str = ""
+    node_names: tuple[str, ...] = ()
+    """Hostnames of its required node affinity (local volumes), empty if none."""
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.PERSISTENT_VOLUME, "", self.name)
+
+
+@dataclass(frozen=True, slots=True)
+class PersistentVolumeClaim:
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    volume_name: str = ""
+    """`spec.volumeName`: the bound PersistentVolume, empty while unbound."""
+    storage_class_name: str = ""
+    read_only: bool = False
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, self.namespace, self.name)
+
+
+KubeObject = Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim
 
 
 # -- what a volume shows ---------------------------------------------------------------------------

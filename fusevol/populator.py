@@ -1,10 +1,15 @@
 """Populator: the pods in the object store -> the desired state of world.
 
-The store holds exactly the pods of this node (each source filters by node), so populating is a
-diff of the store's pods against the desired state's. `has_added_pods` turns true after the first
-pass that follows the sources' complete initial listing: until then nothing may be torn down, or a
-restart would unmount volumes whose pods simply have not been read yet (kubelet's
-`HasAddedPods`).
+The store holds exactly the pods of this node (each source filters by node). For each pod the
+populator resolves every volume into what is to be set up (kubelet's `createVolumeSpec`): an
+inline source as it is, a `persistentVolumeClaim` through its claim to the bound
+PersistentVolume, whose name then names the volume directory. A claim that is missing or unbound
+becomes a volume carrying that error, so it shows in `fusevol status` and is retried; it is
+resolved again on every pass, and served as soon as the claim is bound.
+
+`has_added_pods` turns true after the first pass that follows the sources' complete initial
+listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
+have not been read yet (kubelet's `HasAddedPods`).
 """
 
 from __future__ import annotations
@@ -12,11 +17,27 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from fusevol.cache.desired import VolumeToServe
+from fusevol.layout import plugin_for, unique_volume_name
+from fusevol.model import (
+    Kind,
+    NFSVolumeSource,
+    ObjectKey,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource,
+    UniqueVolumeName,
+    UnsupportedVolumeSource,
+)
+
 if TYPE_CHECKING:
     from fusevol.cache.desired import DesiredState
     from fusevol.cache.store import ObjectStore
+    from fusevol.model import Pod, Volume
 
 log = logging.getLogger(__name__)
+
+MOUNT_OPTIONS_ANNOTATION = "volume.beta.kubernetes.io/mount-options"
 
 
 class Populator:
@@ -38,7 +59,77 @@ class Populator:
                 self._desired.delete_pod(pod.uid)
                 log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         for pod in pods.values():
-            if self._desired.set_pod(pod):
+            volumes = tuple(self.resolve(pod, volume) for volume in pod.volumes)
+            if self._desired.set_pod(pod, volumes):
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         if synced:
             self._has_added_pods = True
+
+    def resolve(self, pod: Pod, volume: Volume) -> VolumeToServe:
+        source = volume.source
+        if isinstance(source, PersistentVolumeClaimVolumeSource):
+            return self._resolve_claim(pod, volume, source)
+        plugin = plugin_for(source)
+        if plugin is None:
+            type_name = source.type_name if isinstance(source, UnsupportedVolumeSource) else "?"
+            return _failed(pod, volume, f"volume type {type_name!r} is not supported by fusevol")
+        read_only = source.read_only if isinstance(source, NFSVolumeSource) else False
+        return VolumeToServe(
+            unique_volume_name(plugin, pod.uid, volume.name),
+            plugin,
+            pod,
+            volume,
+            spec_name=volume.name,
+            source=source,
+            read_only=read_only,
+        )
+
+    def _resolve_claim(
+        self, pod: Pod, volume: Volume, source: PersistentVolumeClaimVolumeSource
+    ) -> VolumeToServe:
+        claim_key = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, pod.namespace, source.claim_name)
+        claim = self._store.get(claim_key, PersistentVolumeClaim)
+        if claim is None:
+            return _failed(pod, volume, f'persistentvolumeclaim "{source.claim_name}" not found')
+        if not claim.volume_name:
+            return _failed(
+                pod, volume, f"PVC {pod.namespace}/{source.claim_name} is not bound to a volume"
+            )
+        pv_key = ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)
+        pv = self._store.get(pv_key, PersistentVolume)
+        if pv is None:
+            return _failed(pod, volume, f'persistentvolume "{claim.volume_name}" not found')
+        if pv.claim_ref is not None and pv.claim_ref != (pod.namespace, source.claim_name):
+            return _failed(
+                pod,
+                volume,
+                f'persistentvolume "{pv.name}" is bound to claim '
+                f"{pv.claim_ref[0]}/{pv.claim_ref[1]}, not {pod.namespace}/{source.claim_name}",
+            )
+        plugin = plugin_for(pv.source)
+        if plugin is None:
+            return _failed(pod, volume, f'persistentvolume "{pv.name}": unsupported volume type')
+        pv_read_only = pv.source.read_only if isinstance(pv.source, NFSVolumeSource) else False
+        return VolumeToServe(
+            unique_volume_name(plugin, pod.uid, pv.name),
+            plugin,
+            pod,
+            volume,
+            spec_name=pv.name,
+            source=pv.source,
+            read_only=source.read_only or claim.read_only or pv_read_only,
+            mount_options=_mount_options(pv),
+        )
+
+
+def _mount_options(pv: PersistentVolume) -> tuple[str, ...]:
+    """kubelet's `MountOptionFromSpec`: the annotation wins over `spec.mountOptions`."""
+    annotation = pv.annotations.get(MOUNT_OPTIONS_ANNOTATION)
+    if annotation is not None:
+        return tuple(o.strip() for o in annotation.split(",") if o.strip())
+    return pv.mount_options
+
+
+def _failed(pod: Pod, volume: Volume, error: str) -> VolumeToServe:
+    name = UniqueVolumeName(f"unresolved/{pod.uid}-{volume.name}")
+    return VolumeToServe(name, None, pod, volume, spec_name=volume.name, error=error)

@@ -16,8 +16,10 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from fusevol import layout
+from fusevol.cache.actual import MountState
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from fusevol.cache.actual import ActualState
@@ -35,13 +37,16 @@ class StatusReporter:
         desired: DesiredState,
         actual: ActualState,
         executor: Executor,
+        statistics: Callable[[], dict[str, Any]] = dict,
         min_interval_s: float = 0.2,
     ) -> None:
+        """`statistics`: the components' counters, included in every snapshot."""
         self._path = layout.status_file(root)
         self._node_name = node_name
         self._desired = desired
         self._actual = actual
         self._executor = executor
+        self._statistics = statistics
         self._min_interval_s = min_interval_s
         self._dirty = trio.Event()
 
@@ -71,7 +76,7 @@ class StatusReporter:
             entry = pods[volume.pod.uid]["volumes"]
             entry[volume.volume.name] = self._volume(volume.name, volume.volume.name, now)
             entry[volume.volume.name]["type"] = (
-                volume.plugin.short_name if volume.plugin else "unsupported"
+                volume.plugin.short_name if volume.plugin else "unresolved"
             )
         for mounted in self._actual.mounted_volumes():
             pod_entry = pods.setdefault(
@@ -84,17 +89,18 @@ class StatusReporter:
                     "volumes": {},
                 },
             )
-            if mounted.volume_name not in pod_entry["volumes"]:
-                pod_entry["volumes"][mounted.volume_name] = self._volume(
-                    mounted.name, mounted.volume_name, now
+            if mounted.spec_name not in pod_entry["volumes"]:
+                pod_entry["volumes"][mounted.spec_name] = self._volume(
+                    mounted.name, mounted.spec_name, now
                 )
-                pod_entry["volumes"][mounted.volume_name]["type"] = mounted.plugin.short_name
+                pod_entry["volumes"][mounted.spec_name]["type"] = mounted.plugin.short_name
         for pod_entry in pods.values():
             pod_entry["volumes"] = list(pod_entry["volumes"].values())
         return {
             "node": self._node_name,
             "written_at": time.time(),
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
+            "statistics": self._statistics(),
         }
 
     def _volume(self, name: UniqueVolumeName, volume_name: str, now: float) -> dict[str, Any]:
@@ -104,6 +110,8 @@ class StatusReporter:
         pending = status.pending if status else False
         if pending:
             state = f"{status.operation}ing" if status else "pending"
+        elif mounted is not None and mounted.state is MountState.UNCERTAIN:
+            state = "reconstructed"
         elif mounted is not None:
             state = "update-failed" if error else "mounted"
         else:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.layout import Plugin
-    from fusevol.model import PodUID, UniqueVolumeName, VolumeName
+    from fusevol.model import PodUID, UniqueVolumeName
 
 
 class MountState(enum.Enum):
@@ -31,9 +31,10 @@ class MountedVolume:
     name: UniqueVolumeName
     plugin: Plugin
     pod_uid: PodUID
-    volume_name: VolumeName
+    spec_name: str
+    """The volume directory's name (the pod volume's, or its PersistentVolume's)."""
     path: Path
-    """The pod volume directory."""
+    """The pod volume directory (for hostPath: the host path)."""
     inputs: Hashable
     """What the content was built from; a refresh is due when the desired inputs differ."""
     state: MountState = MountState.MOUNTED

@@ -1,8 +1,8 @@
 """DesiredState: which volumes the pods of this node want, as kubelet's desired state of world.
 
-Filled by the populator from the pods in the object store; read by the reconciler. Changes go
-through named verbs (`set_pod`, `delete_pod`, both idempotent) and readers get snapshots, never the
-inner dicts. Trio thread only.
+Filled by the populator, which resolves each pod volume (a claim to its PersistentVolume, say)
+into a `VolumeToServe`; read by the reconciler. Changes go through named verbs (`set_pod`,
+`delete_pod`, both idempotent) and readers get snapshots, never the inner dicts. Trio thread only.
 """
 
 from __future__ import annotations
@@ -10,48 +10,59 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.layout import Plugin, plugin_for, unique_volume_name
-from fusevol.model import UniqueVolumeName
-
 if TYPE_CHECKING:
-    from fusevol.model import Pod, PodUID, Volume
+    from fusevol.layout import Plugin
+    from fusevol.model import (
+        PersistentVolumeSource,
+        Pod,
+        PodUID,
+        UniqueVolumeName,
+        Volume,
+        VolumeSource,
+    )
 
 
 @dataclass(frozen=True, slots=True)
 class VolumeToServe:
     name: UniqueVolumeName
     plugin: Plugin | None
-    """None for a volume type fusevol does not serve: desired, and failing with a clear error."""
+    """None when the volume cannot be served (unsupported type, unbound claim): see `error`."""
     pod: Pod
     volume: Volume
+    """The pod's `spec.volumes[]` entry."""
+    spec_name: str = ""
+    """The volume directory's name: the volume's name, or its PersistentVolume's."""
+    source: VolumeSource | PersistentVolumeSource | None = None
+    """What to set up: the inline source, or the bound PersistentVolume's."""
+    read_only: bool = False
+    mount_options: tuple[str, ...] = ()
+    error: str = ""
+    """Why the volume cannot be set up now; the reconciler reports it and retries."""
 
 
 class DesiredState:
     def __init__(self) -> None:
         self._pods: dict[PodUID, Pod] = {}
         self._volumes: dict[UniqueVolumeName, VolumeToServe] = {}
+        self._by_pod: dict[PodUID, tuple[VolumeToServe, ...]] = {}
 
-    def set_pod(self, pod: Pod) -> bool:
-        """Add `pod` with its volumes, or replace it. Returns False if nothing changed."""
-        if self._pods.get(pod.uid) == pod:
+    def set_pod(self, pod: Pod, volumes: tuple[VolumeToServe, ...]) -> bool:
+        """Add `pod` wanting `volumes`, or replace it. Returns False if nothing changed."""
+        if self._pods.get(pod.uid) == pod and self._by_pod.get(pod.uid) == volumes:
             return False
         self.delete_pod(pod.uid)
         self._pods[pod.uid] = pod
-        for volume in pod.volumes:
-            plugin = plugin_for(volume.source)
-            if plugin is None:
-                name = UniqueVolumeName(f"unsupported/{pod.uid}-{volume.name}")
-            else:
-                name = unique_volume_name(plugin, pod.uid, volume.name)
-            self._volumes[name] = VolumeToServe(name, plugin, pod, volume)
+        self._by_pod[pod.uid] = volumes
+        for volume in volumes:
+            self._volumes[volume.name] = volume
         return True
 
     def delete_pod(self, uid: PodUID) -> bool:
         """Forget the pod and its volumes. No-op (False) if it is not known."""
         if self._pods.pop(uid, None) is None:
             return False
-        for name in [n for n, v in self._volumes.items() if v.pod.uid == uid]:
-            del self._volumes[name]
+        for volume in self._by_pod.pop(uid, ()):
+            del self._volumes[volume.name]
         return True
 
     def pods(self) -> tuple[Pod, ...]:

@@ -21,12 +21,21 @@ from typing import TYPE_CHECKING, TypeVar, overload
 
 import trio
 
-from fusevol.model import ConfigMap, Kind, KubeObject, ObjectKey, Pod, Secret
+from fusevol.model import (
+    ConfigMap,
+    Kind,
+    KubeObject,
+    ObjectKey,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    Pod,
+    Secret,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_T = TypeVar("_T", Pod, ConfigMap, Secret)
+_T = TypeVar("_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim)
 
 
 @dataclass(frozen=True, slots=True)

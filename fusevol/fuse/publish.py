@@ -42,6 +42,7 @@ class Version:
     """The version directory's name, `..<UTC timestamp>.<random>`."""
     payload: Payload
     gid: int | None
+    dir_mode: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,11 +82,23 @@ class Publisher:
     def volumes(self) -> tuple[bytes, ...]:
         return tuple(self._versions)
 
-    async def create_volume(self, volume: bytes, *, mode: int, gid: int = 0) -> None:
-        """Create the empty volume directory. No-op if it exists."""
+    async def create_volume(
+        self,
+        volume: bytes,
+        *,
+        mode: int,
+        gid: int = 0,
+        nested: tuple[str, ...] = (),
+        nested_mode: int = 0o755,
+    ) -> None:
+        """Create the volume directory, empty but for the `nested` mountpoint directories (kept
+        across versions: KUBELET.md A1). No-op if it exists."""
         if volume in self._versions:
             return
-        self._tree.stage(self._tree.root, volume, self._tree.new_dir(mode=mode, gid=gid))
+        root = self._tree.new_dir(mode=mode, gid=gid)
+        for name in nested:
+            self._tree.link(root, name.encode(), self._tree.new_dir(mode=nested_mode, gid=gid))
+        self._tree.stage(self._tree.root, volume, root)
         try:
             await trio.to_thread.run_sync(os.mkdir, self.path(volume))
         finally:
@@ -102,7 +115,9 @@ class Publisher:
         with contextlib.suppress(FileNotFoundError):
             await trio.to_thread.run_sync(os.rmdir, self.path(volume))
 
-    async def publish(self, volume: bytes, payload: Payload, *, gid: int | None = None) -> bool:
+    async def publish(
+        self, volume: bytes, payload: Payload, *, gid: int | None = None, dir_mode: int = 0o755
+    ) -> bool:
         """Make `payload` the volume's content. Returns False if it already was.
 
         The steps carry AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
@@ -124,18 +139,23 @@ class Publisher:
         new_names = _top_level(payload)
         missing = {n for n in new_names if self._tree.child(volume_dir, n) is None}
         removed = (_top_level(old.payload) - new_names) if old else set()  # (3)
-        if old is not None and old.payload == payload and old.gid == gid:  # (4)
+        if old is not None and (old.payload, old.gid, old.dir_mode) == (
+            payload,
+            gid,
+            dir_mode,
+        ):  # (4)
             if missing:
                 await trio.to_thread.run_sync(_create_links, root, missing)  # (10)
             return False
 
         name = self._unused_name(volume_dir)
-        self._tree.stage(volume_dir, name, self._tree.build_version(payload, gid=gid))  # (5)
+        version = self._tree.build_version(payload, dir_mode=dir_mode, gid=gid)
+        self._tree.stage(volume_dir, name, version)  # (5)
         try:
             await trio.to_thread.run_sync(_switch, root, name, missing, removed)  # (6)-(11)
         finally:
             self._tree.unstage(volume_dir, name)
-        self._versions[volume] = Version(name, payload, gid)
+        self._versions[volume] = Version(name, payload, gid, dir_mode)
         self._publishes += 1
         if old is not None:  # (12)
             self._remove_later(root / os.fsdecode(old.name))

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
+from fusevol.layout import FUSE_SUBTYPE
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -30,7 +32,7 @@ async def serve(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Mount at `mountpoint`, report started, answer requests until cancelled, then unmount."""
-    options = {f"fsname={FSNAME}", "subtype=fusevol", "allow_other", "default_permissions"}
+    options = {f"fsname={FSNAME}", f"subtype={FUSE_SUBTYPE}", "allow_other", "default_permissions"}
     pyfuse3.init(operations, str(mountpoint), options)
     log.info("FUSE mounted mountpoint=%s", mountpoint)
     try:

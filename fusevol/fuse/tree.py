@@ -131,6 +131,11 @@ class Tree:
             _link(parent, base, node)
         return top
 
+    def link(self, parent: Node, name: bytes, node: Node) -> None:
+        """Put `node` into `parent` while both are still being built (not attached)."""
+        assert not parent.attached, "attached directories change only through the VFS"
+        _link(parent, name, node)
+
     def stage(self, parent: Node, name: bytes, node: Node) -> None:
         """Make `node` the directory the next `mkdir(parent, name)` attaches."""
         self._staged[(parent.inode, name)] = node

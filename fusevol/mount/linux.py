@@ -26,13 +26,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CORRUPTED_ERRNOS = frozenset({errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.EACCES})
+_NO_HELPER_FSTYPES = frozenset({None, "tmpfs"})
+"""Mounts done by the kernel alone (bind, tmpfs): no helper process to keep alive."""
 
 
 class LinuxMountBackend:
     def __init__(
-        self, *, command_timeout_s: float, mountinfo: str = "/proc/self/mountinfo"
+        self,
+        *,
+        command_timeout_s: float,
+        systemd_run: bool | None = None,
+        mountinfo: str = "/proc/self/mountinfo",
     ) -> None:
+        """`systemd_run`: wrap mounts that run a helper in `systemd-run --scope`; None detects
+        whether systemd is the init system."""
         self._command_timeout_s = command_timeout_s
+        self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
         self._mountinfo = mountinfo
 
     async def mount(
@@ -55,6 +64,16 @@ class LinuxMountBackend:
             shown += ["-o", ",".join([*options, *["<masked>"] * len(sensitive_options)])]
         argv += [source, str(target)]
         shown += [source, str(target)]
+        if self._systemd_run and fstype not in _NO_HELPER_FSTYPES:
+            # kubelet's reason (PR #49640): a mount helper that forks a daemon (ceph-fuse,
+            # glusterfs) must not live in the agent's cgroup, or it dies with the agent.
+            scope = [
+                "systemd-run",
+                f"--description=fusevol transient mount for {target}",
+                "--scope",
+                "--",
+            ]
+            argv, shown = scope + argv, scope + shown
         await self._run(argv, shown=shown)
 
     async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
@@ -101,6 +120,11 @@ class LinuxMountBackend:
         if result.returncode != 0:
             output = (result.stderr or result.stdout).decode(errors="replace").strip()
             raise MountError(f"{printable}: exit status {result.returncode}: {output}")
+
+
+def _systemd_is_init() -> bool:
+    """sd_booted(3): systemd is PID 1 when /run/systemd/system exists."""
+    return os.path.isdir("/run/systemd/system")
 
 
 def _is_corrupted(path: Path) -> bool:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.cache.actual import MountState
 from fusevol.errors import FusevolError, is_expected
 
 if TYPE_CHECKING:
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
     from fusevol.model import UniqueVolumeName
     from fusevol.populator import Populator
     from fusevol.reconciler.executor import Executor
-    from fusevol.reconciler.volumes import ServedVolumes
+    from fusevol.reconciler.volumes import Volumes
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Reconciler:
         desired: DesiredState,
         actual: ActualState,
         executor: Executor,
-        volumes: ServedVolumes,
+        volumes: Volumes,
         resync_interval_s: float,
         on_pass: Callable[[], None] = lambda: None,
     ) -> None:
@@ -98,7 +99,8 @@ class Reconciler:
 
     def serve_and_mount(self) -> None:
         for volume in self._desired.volumes_to_serve():
-            if volume.name not in self._actual:
+            mounted = self._actual.get(volume.name)
+            if mounted is None or mounted.state is MountState.UNCERTAIN:
                 self._start(
                     volume.name,
                     "mount",
@@ -109,7 +111,7 @@ class Reconciler:
     def refresh(self) -> None:
         for volume in self._desired.volumes_to_serve():
             mounted = self._actual.get(volume.name)
-            if mounted is None:
+            if mounted is None or mounted.state is MountState.UNCERTAIN:
                 continue
             inputs = self._volumes.inputs(volume)
             if inputs != mounted.inputs:

@@ -1,9 +1,14 @@
-"""What the agent finds on the node when it starts.
+"""What the agent finds on the node when it starts, and the last sweep when it stops.
 
-A previous agent that was killed leaves its FUSE mount dead (ENOTCONN) and the pod bind mounts of
-it dead too. Their content lived in that agent's memory, so nothing can be adopted from them: they
-are detached (deepest first) and the reconciler sets every desired volume up afresh. Pod
-directories of pods no longer desired are removed by the reconciler once empty.
+Reconstruction (kubelet's `reconstruct.go`, KUBELET.md A9), in order:
+    (1) The previous agent's FUSE mount and every bind of it are dead (their content lived in
+        that process's memory): detach them, deepest first. Nothing else is unmounted.
+    (2) Every `<root>/pods/<uid>/volumes/<plugin dir>/<spec name>` becomes an actual-state entry
+        marked UNCERTAIN. The reconciler then sets up those still desired — a no-op for a mount
+        that is still there (nfs, local, emptyDir keep their mount and its ID), a fresh serve for
+        the volumes served from memory — and tears down the others once every source has been
+        read completely (nothing is torn down before that).
+A pod directory is removed only when nothing is left below its `volumes/`.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from fusevol import layout
+from fusevol.cache.actual import MountedVolume, MountState
 from fusevol.errors import MountError
-from fusevol.reconciler.volumes import remove_pod_dir
+from fusevol.layout import Plugin
+from fusevol.model import PodUID
 
 if TYPE_CHECKING:
     from fusevol.mount.backend import MountBackend
@@ -23,22 +31,69 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 
-async def clean_stale_mounts(backend: MountBackend, root: Path) -> int:
-    """Unmount every mount below `root`, deepest first. Returns how many were unmounted."""
-    prefix = os.path.join(root, "")  # root is absolute (Settings)
-    stale = sorted(
-        {mp.path for mp in backend.mount_points() if mp.path.startswith(prefix)},
-        key=lambda p: (-p.count(os.sep), p),
-    )
-    count = 0
-    for path in stale:
+async def detach_dead_fuse_mounts(backend: MountBackend, root: Path) -> int:
+    """(1) Unmount every mount of a fusevol FUSE file system below `root`, deepest first."""
+    prefix = os.path.join(root, "")
+    dead = {mp.path for mp in backend.mount_points() if mp.fstype == layout.FUSE_FSTYPE}
+    return await _unmount_deepest_first(backend, [p for p in dead if p.startswith(prefix)])
+
+
+async def unmount_all_below(backend: MountBackend, root: Path) -> int:
+    """Unmount every mount below `root`, deepest first: the last sweep of a clean stop."""
+    prefix = os.path.join(root, "")
+    paths = {mp.path for mp in backend.mount_points() if mp.path.startswith(prefix)}
+    return await _unmount_deepest_first(backend, list(paths))
+
+
+def reconstruct(root: Path) -> list[MountedVolume]:
+    """(2) The pod volume directories on the node, as UNCERTAIN actual-state entries."""
+    found = []
+    with contextlib.suppress(FileNotFoundError):
+        for pod_dir in sorted(layout.pods_dir(root).iterdir()):
+            uid = PodUID(pod_dir.name)
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                for plugin_dir in sorted((pod_dir / "volumes").iterdir()):
+                    plugin = Plugin.from_dir_name(plugin_dir.name)
+                    if plugin is None:
+                        log.info("not a fusevol volume, left alone path=%s", plugin_dir)
+                        continue
+                    for volume_dir in sorted(plugin_dir.iterdir()):
+                        found.append(
+                            MountedVolume(
+                                layout.unique_volume_name(plugin, uid, volume_dir.name),
+                                plugin,
+                                uid,
+                                volume_dir.name,
+                                volume_dir,
+                                inputs=None,
+                                state=MountState.UNCERTAIN,
+                            )
+                        )
+    return found
+
+
+def remove_pod_dir(pod_dir: Path, *, with_volume_dirs: bool = False) -> bool:
+    """Remove a pod directory whose volumes are all gone: its empty plugin directories, `volumes/`
+    and itself; with `with_volume_dirs`, empty volume directories too (for a final sweep, when no
+    set-up can be creating one). Removes nothing that is not empty or still a mount point, and
+    never descends below the volume level. Returns True if the pod directory is gone."""
+    volumes = pod_dir / "volumes"
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        for plugin_dir in volumes.iterdir():
+            if with_volume_dirs:
+                for volume_dir in plugin_dir.iterdir():
+                    with contextlib.suppress(OSError):
+                        volume_dir.rmdir()
+            with contextlib.suppress(OSError):
+                plugin_dir.rmdir()
+    for directory in (volumes, pod_dir):
         try:
-            await backend.unmount(Path(path))
-            count += 1
-            log.info("stale mount removed path=%s", path)
-        except MountError as exc:
-            log.error("cannot remove stale mount path=%s error=%s", path, exc)
-    return count
+            directory.rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return True
 
 
 def remove_pod_dirs(pods_dir: Path) -> None:
@@ -46,3 +101,15 @@ def remove_pod_dirs(pods_dir: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         for pod_dir in pods_dir.iterdir():
             remove_pod_dir(pod_dir, with_volume_dirs=True)
+
+
+async def _unmount_deepest_first(backend: MountBackend, paths: list[str]) -> int:
+    count = 0
+    for path in sorted(paths, key=lambda p: (-p.count(os.sep), p)):
+        try:
+            await backend.unmount(Path(path))
+            count += 1
+            log.info("mount removed path=%s", path)
+        except MountError as exc:
+            log.error("cannot remove mount path=%s error=%s", path, exc)
+    return count

@@ -1,4 +1,7 @@
-"""Set-up, refresh and tear-down of the volumes served from memory (configMap, secret).
+"""Set-up, refresh and tear-down of the volumes served from memory.
+
+configMap, secret, downwardAPI and projected volumes; their payload rules are in
+`fusevol.projection`, their fsGroup ownership in `fusevol.projection.ownership`.
 
 A served volume is three things: a subtree on the agent's FUSE mount holding kubelet's
 AtomicWriter layout, the pod volume directory, and a read-only bind mount of the first on the
@@ -13,26 +16,30 @@ keeps its last good content, as kubelet does.
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
+import posixpath
 from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol import layout
-from fusevol.cache.actual import MountedVolume
 from fusevol.errors import VolumeSetupError
+from fusevol.fsutil import mkdir_all
 from fusevol.layout import Plugin
 from fusevol.model import (
     ConfigMap,
+    ConfigMapProjection,
     ConfigMapVolumeSource,
+    DownwardAPIProjection,
+    DownwardAPIVolumeSource,
     Kind,
     ObjectKey,
+    ProjectedVolumeSource,
     Secret,
+    SecretProjection,
     SecretVolumeSource,
-    UnsupportedVolumeSource,
 )
-from fusevol.projection import configmap, secret
+from fusevol.projection import configmap, downward, ownership, projected, secret
 
 if TYPE_CHECKING:
     from collections.abc import Hashable
@@ -41,14 +48,17 @@ if TYPE_CHECKING:
     from fusevol.cache.desired import VolumeToServe
     from fusevol.cache.store import ObjectStore
     from fusevol.fuse.publish import Publisher
-    from fusevol.model import Payload, Pod, PodUID
+    from fusevol.model import Payload, PodUID
     from fusevol.mount.backend import MountBackend
+    from fusevol.projection.downward import NodeAllocatable
 
 ROOT_MODES = {
     # The wrapped emptyDir: a disk directory created 0777 for configMap, a tmpfs (mode 1777) for
     # the others (KUBELET.md A1).
     Plugin.CONFIG_MAP: 0o777,
     Plugin.SECRET: 0o1777,
+    Plugin.DOWNWARD_API: 0o1777,
+    Plugin.PROJECTED: 0o1777,
 }
 
 
@@ -60,121 +70,154 @@ class ServedVolumes:
         store: ObjectStore,
         publisher: Publisher,
         backend: MountBackend,
+        allocatable: NodeAllocatable,
     ) -> None:
         self._root = root
         self._store = store
         self._publisher = publisher
         self._backend = backend
+        self._allocatable = allocatable
+
+    def path(self, volume: VolumeToServe) -> Path:
+        assert volume.plugin is not None
+        return layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.spec_name)
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
-        """What the volume's content depends on: its spec and the versions of its objects."""
-        return (volume.volume.source, *self._object_versions(volume))
+        """What the volume's content depends on: its spec, the pod's fsGroup, the versions of its
+        objects, and for the downward API the pod itself."""
+        pod = volume.pod if _uses_downward_api(volume) else None
+        return (volume.source, volume.pod.fs_group, pod, *self._object_versions(volume))
 
-    async def set_up(self, volume: VolumeToServe) -> MountedVolume:
+    async def set_up(self, volume: VolumeToServe) -> Hashable:
+        """Serve the volume at its pod volume directory; returns the inputs it was built from."""
         inputs = self.inputs(volume)  # before rendering: a change while we work means a refresh
         payload = self.render(volume)
-        plugin = _require_plugin(volume)
-        name = layout.fuse_name(volume.pod.uid, volume.volume.name)
-        target = layout.volume_dir(self._root, volume.pod.uid, plugin, volume.volume.name)
+        assert volume.plugin is not None
+        name = layout.fuse_name(volume.pod.uid, volume.spec_name)
+        target = self.path(volume)
+        fs_group = volume.pod.fs_group
         try:
-            await self._publisher.create_volume(name, mode=ROOT_MODES[plugin])
-            await self._publisher.publish(name, payload)
-            # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
-            await trio.to_thread.run_sync(
-                functools.partial(os.makedirs, target, 0o750, exist_ok=True)
+            await self._publisher.create_volume(
+                name,
+                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
+                gid=fs_group or 0,
+                nested=nested_mountpoints(volume),
+                nested_mode=ownership.dir_mode(0o755, fs_group),
             )
+            await self._publish(name, volume, payload)
+            await trio.to_thread.run_sync(mkdir_all, target, 0o750)
             await self._backend.bind(self._publisher.path(name), target, read_only=True)
         except BaseException:
             with contextlib.suppress(Exception):
-                await self._remove(name, target)
+                await self.tear_down(volume.pod.uid, volume.spec_name, target)
             raise
-        return MountedVolume(
-            volume.name, plugin, volume.pod.uid, volume.volume.name, target, inputs
-        )
+        return inputs
 
-    async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
+    async def refresh(self, volume: VolumeToServe) -> Hashable:
+        """Publish the volume's current content; returns the inputs it was built from."""
         inputs = self.inputs(volume)
         payload = self.render(volume)
-        await self._publisher.publish(layout.fuse_name(volume.pod.uid, volume.volume.name), payload)
-        return MountedVolume(
-            mounted.name, mounted.plugin, mounted.pod_uid, mounted.volume_name, mounted.path, inputs
+        await self._publish(layout.fuse_name(volume.pod.uid, volume.spec_name), volume, payload)
+        return inputs
+
+    async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> None:
+        fs_group = volume.pod.fs_group
+        await self._publisher.publish(
+            name,
+            ownership.apply_fs_group(payload, fs_group),
+            gid=fs_group,
+            dir_mode=ownership.dir_mode(0o755, fs_group),
         )
 
-    async def tear_down(self, mounted: MountedVolume) -> None:
-        await self._remove(layout.fuse_name(mounted.pod_uid, mounted.volume_name), mounted.path)
-
-    async def remove_pod_dir(self, uid: PodUID) -> None:
-        """Remove the pod's directory once none of its volumes is left on the node."""
-        await trio.to_thread.run_sync(remove_pod_dir, layout.pod_dir(self._root, uid))
+    async def tear_down(self, uid: PodUID, spec_name: str, target: Path) -> None:
+        # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
+        await self._backend.unmount(target)
+        await trio.to_thread.run_sync(_remove_dir, target)
+        await self._publisher.remove_volume(layout.fuse_name(uid, spec_name))
 
     def render(self, volume: VolumeToServe) -> Payload:
         """The volume's payload, or VolumeSetupError / InvalidPayload naming what is wrong."""
-        match volume.volume.source:
+        match volume.source:
             case ConfigMapVolumeSource() as source:
                 key = ObjectKey(Kind.CONFIG_MAP, volume.pod.namespace, source.name)
                 return configmap.make_payload(source, self._store.get(key, ConfigMap))
             case SecretVolumeSource() as source:
                 key = ObjectKey(Kind.SECRET, volume.pod.namespace, source.secret_name)
                 return secret.make_payload(source, self._store.get(key, Secret))
-            case UnsupportedVolumeSource(type_name=type_name):
-                raise VolumeSetupError(f"volume type {type_name!r} is not supported by fusevol")
+            case DownwardAPIVolumeSource(items=items, default_mode=default_mode):
+                return downward.make_payload(
+                    items, volume.pod, default_mode=default_mode, allocatable=self._allocatable
+                )
+            case ProjectedVolumeSource() as source:
+                namespace = volume.pod.namespace
+                return projected.make_payload(
+                    source,
+                    volume.pod,
+                    get_configmap=lambda name: self._store.get(
+                        ObjectKey(Kind.CONFIG_MAP, namespace, name), ConfigMap
+                    ),
+                    get_secret=lambda name: self._store.get(
+                        ObjectKey(Kind.SECRET, namespace, name), Secret
+                    ),
+                    allocatable=self._allocatable,
+                )
             case _:
-                raise VolumeSetupError(f"volume {volume.volume.name!r}: not served yet")
-
-    async def _remove(self, name: bytes, target: Path) -> None:
-        await self._backend.unmount(target)
-        await trio.to_thread.run_sync(_remove_dir, target)
-        await self._publisher.remove_volume(name)
+                raise VolumeSetupError(f"volume {volume.volume.name!r}: not served from memory")
 
     def _object_versions(self, volume: VolumeToServe) -> tuple[str | None, ...]:
-        keys = _referenced_objects(volume.pod, volume)
         versions = []
-        for key in keys:
+        for key in _referenced_objects(volume):
             obj = self._store.get(key)
             versions.append(None if obj is None else obj.resource_version)
         return tuple(versions)
 
 
-def _referenced_objects(pod: Pod, volume: VolumeToServe) -> tuple[ObjectKey, ...]:
-    match volume.volume.source:
+def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
+    """kubelet's `MakeNestedMountpoints`: for every other volume a container mounts *below* this
+    volume's mount path, the first path element below it, so that runc finds a mountpoint
+    directory inside this (read-only) volume."""
+    names: set[str] = set()
+    for container in (*volume.pod.containers, *volume.pod.init_containers):
+        own = [m.mount_path for m in container.volume_mounts if m.name == volume.volume.name]
+        for mount in container.volume_mounts:
+            if mount.name == volume.volume.name:
+                continue
+            for base in own:
+                relative = posixpath.relpath(posixpath.normpath(mount.mount_path), base)
+                if relative != "." and not relative.startswith(".."):
+                    names.add(relative.split("/", 1)[0])
+    return tuple(sorted(names))
+
+
+def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
+    namespace = volume.pod.namespace
+    match volume.source:
         case ConfigMapVolumeSource(name=name):
-            return (ObjectKey(Kind.CONFIG_MAP, pod.namespace, name),)
+            return (ObjectKey(Kind.CONFIG_MAP, namespace, name),)
         case SecretVolumeSource(secret_name=name):
-            return (ObjectKey(Kind.SECRET, pod.namespace, name),)
+            return (ObjectKey(Kind.SECRET, namespace, name),)
+        case ProjectedVolumeSource(sources=sources):
+            keys = []
+            for projection in sources:
+                if isinstance(projection, ConfigMapProjection):
+                    keys.append(ObjectKey(Kind.CONFIG_MAP, namespace, projection.name))
+                elif isinstance(projection, SecretProjection):
+                    keys.append(ObjectKey(Kind.SECRET, namespace, projection.name))
+            return tuple(keys)
         case _:
             return ()
 
 
-def _require_plugin(volume: VolumeToServe) -> Plugin:
-    if volume.plugin is None:
-        raise VolumeSetupError(f"volume {volume.volume.name!r} has a type fusevol does not serve")
-    return volume.plugin
+def _uses_downward_api(volume: VolumeToServe) -> bool:
+    match volume.source:
+        case DownwardAPIVolumeSource():
+            return True
+        case ProjectedVolumeSource(sources=sources):
+            return any(isinstance(p, DownwardAPIProjection) for p in sources)
+        case _:
+            return False
 
 
 def _remove_dir(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(path)
-
-
-def remove_pod_dir(pod_dir: Path, *, with_volume_dirs: bool = False) -> bool:
-    """Remove a pod directory whose volumes are all gone: its empty plugin directories, `volumes/`
-    and itself; with `with_volume_dirs`, empty volume directories too (for a final sweep, when no
-    set-up can be creating one). Removes nothing that is not empty or still a mount point, and
-    never descends below the volume level. Returns True if the pod directory is gone."""
-    volumes = pod_dir / "volumes"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for plugin_dir in volumes.iterdir():
-            if with_volume_dirs:
-                for volume_dir in plugin_dir.iterdir():
-                    with contextlib.suppress(OSError):
-                        volume_dir.rmdir()
-            with contextlib.suppress(OSError):
-                plugin_dir.rmdir()
-    for directory in (volumes, pod_dir):
-        try:
-            directory.rmdir()
-        except FileNotFoundError:
-            continue
-        except OSError:
-            return False
-    return True

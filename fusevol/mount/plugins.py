@@ -1,0 +1,186 @@
+"""Volumes set up by the mount backend: nfs, local, hostPath and emptyDir, as kubelet does them.
+
+Each plugin's `set_up` is idempotent (an existing mount is adopted as it is, which is how a
+restarted agent keeps running pods' mounts: KUBELET.md A9 reconstruction) and cleans up after
+itself on failure: no directory and no mount remain (A10). `tear_down` is idempotent too.
+
+    nfs       mount -t nfs -o <options> server:path <dir>; dir 0750; "ro" when read-only;
+              options: the PV annotation, else spec.mountOptions, de-duplicated and sorted (A10)
+    local     bind mount of the PV's path at <dir> (0750), read-only when asked (A11)
+    hostPath  no directory, no mount: the runtime binds the host path; only the type check (A11)
+    emptyDir  a directory (0777), or a tmpfs sized by sizeLimit for medium Memory
+
+Excluded: the volumes served from memory (fusevol.reconciler.served).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import stat
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol import layout
+from fusevol.errors import MountError, VolumeSetupError
+from fusevol.fsutil import mkdir_all
+from fusevol.layout import Plugin
+from fusevol.model import (
+    EmptyDirVolumeSource,
+    HostPathVolumeSource,
+    LocalVolumeSource,
+    NFSVolumeSource,
+)
+from fusevol.quantity import parse_quantity, value
+
+if TYPE_CHECKING:
+    from fusevol.cache.desired import VolumeToServe
+    from fusevol.mount.backend import MountBackend
+
+
+class MountPlugins:
+    def __init__(self, *, root: Path, backend: MountBackend) -> None:
+        self._root = root
+        self._backend = backend
+
+    def path(self, volume: VolumeToServe) -> Path:
+        """Where the volume is on the node: its pod volume directory, or the host path."""
+        if isinstance(volume.source, HostPathVolumeSource):
+            return Path(volume.source.path)
+        assert volume.plugin is not None
+        return layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.spec_name)
+
+    async def set_up(self, volume: VolumeToServe) -> Path:
+        target = self.path(volume)
+        match volume.source:
+            case NFSVolumeSource() as nfs:
+                await self._mount(target, _nfs_source(nfs), _nfs_options(volume), fstype="nfs")
+            case LocalVolumeSource(path=path):
+                _reject_backsteps(path, "local volume path")
+                options = ["bind", *(["ro"] if volume.read_only else []), *volume.mount_options]
+                await self._mount(target, path, options, fstype=None)
+            case HostPathVolumeSource() as host_path:
+                await trio.to_thread.run_sync(check_host_path, host_path)
+            case EmptyDirVolumeSource() as empty_dir:
+                await self._empty_dir(target, empty_dir)
+            case _:
+                raise VolumeSetupError(f"volume {volume.volume.name!r}: not a mount-backed type")
+        return target
+
+    async def tear_down(self, plugin: Plugin, path: Path) -> None:
+        if plugin is Plugin.HOST_PATH:
+            return
+        await self._backend.unmount(path)
+        if plugin is Plugin.EMPTY_DIR:
+            await trio.to_thread.run_sync(self._remove_tree, path)
+        else:
+            await trio.to_thread.run_sync(_remove_dir, path)
+
+    async def _mount(
+        self, target: Path, source: str, options: list[str], *, fstype: str | None
+    ) -> None:
+        if self._backend.is_mount_point(target):
+            return
+        await trio.to_thread.run_sync(mkdir_all, target, 0o750)
+        try:
+            await self._backend.mount(source, target, fstype=fstype, options=options)
+        except MountError:
+            if self._backend.is_mount_point(target):
+                with contextlib.suppress(MountError):
+                    await self._backend.unmount(target)
+            if not self._backend.is_mount_point(target):
+                await trio.to_thread.run_sync(_remove_dir, target)
+            raise
+
+    async def _empty_dir(self, target: Path, source: EmptyDirVolumeSource) -> None:
+        if source.medium not in ("", "Memory"):
+            raise VolumeSetupError(f"emptyDir medium {source.medium!r} is not supported")
+        if source.medium == "":
+            await trio.to_thread.run_sync(_make_dir, target, 0o777)
+            return
+        options = []
+        if source.size_limit:
+            try:
+                options.append(f"size={value(parse_quantity(source.size_limit))}")
+            except ValueError as exc:
+                raise VolumeSetupError(f"emptyDir sizeLimit: {exc}") from None
+        await self._mount(target, "tmpfs", options, fstype="tmpfs")
+
+    def _remove_tree(self, path: Path) -> None:
+        """Delete an emptyDir's content with it, but never through a mount inside it."""
+        prefix = os.path.join(path, "")
+        inside = [mp.path for mp in self._backend.mount_points() if mp.path.startswith(prefix)]
+        if inside:
+            raise MountError(f"cannot remove {path}: still mounted below it: {', '.join(inside)}")
+        with contextlib.suppress(FileNotFoundError):
+            shutil.rmtree(path)
+
+
+def _nfs_source(nfs: NFSVolumeSource) -> str:
+    if not nfs.server or not nfs.path:
+        raise VolumeSetupError("nfs: server and path are required")
+    if not nfs.path.startswith("/"):
+        raise VolumeSetupError(f"nfs: path {nfs.path!r} must be absolute")
+    server = f"[{nfs.server}]" if ":" in nfs.server else nfs.server  # an IPv6 address
+    return f"{server}:{nfs.path}"
+
+
+def _nfs_options(volume: VolumeToServe) -> list[str]:
+    """kubelet's `JoinMountOptions`: "ro" when read-only plus the volume's options, as a set."""
+    return sorted({*(["ro"] if volume.read_only else []), *volume.mount_options})
+
+
+_TYPE_CHECKS = {
+    "Directory": (stat.S_ISDIR, "a directory"),
+    "DirectoryOrCreate": (stat.S_ISDIR, "a directory"),
+    "File": (stat.S_ISREG, "a file"),
+    "FileOrCreate": (stat.S_ISREG, "a file"),
+    "Socket": (stat.S_ISSOCK, "a socket file"),
+    "CharDevice": (stat.S_ISCHR, "a character device"),
+    "BlockDevice": (stat.S_ISBLK, "a block device"),
+}
+
+
+def check_host_path(source: HostPathVolumeSource) -> None:
+    """kubelet's hostPath type check, with its error texts (KUBELET.md A11)."""
+    _reject_backsteps(source.path, "hostPath")
+    if source.type == "":
+        return
+    if source.type not in _TYPE_CHECKS:
+        raise VolumeSetupError(f"{source.type} is an invalid volume type")
+    path = source.path
+    if source.type == "DirectoryOrCreate" and not os.path.lexists(path):
+        os.makedirs(path, 0o755, exist_ok=True)
+    elif source.type == "FileOrCreate" and not os.path.lexists(path):
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, 0o644))
+        except OSError as exc:
+            raise VolumeSetupError(f"hostPath type check failed: {path}: {exc.strerror}") from None
+    check, what = _TYPE_CHECKS[source.type]
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if not check(mode):
+        raise VolumeSetupError(f"hostPath type check failed: {path} is not {what}")
+
+
+def _reject_backsteps(path: str, what: str) -> None:
+    """kubelet's `ValidatePathNoBacksteps` (and a required path)."""
+    if not path:
+        raise VolumeSetupError(f"{what}: path is required")
+    if ".." in path.split("/"):
+        raise VolumeSetupError(f"invalid {what} {path!r}: must not contain '..'")
+
+
+def _make_dir(path: Path, mode: int) -> None:
+    mkdir_all(path, 0o750)
+    os.chmod(path, mode)  # umask-proof, as kubelet's emptyDir does
+
+
+def _remove_dir(path: Path) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)

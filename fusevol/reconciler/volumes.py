@@ -1,0 +1,93 @@
+"""One interface over every volume type, for the reconciler: set up, refresh, tear down.
+
+Served volumes (configMap, secret, downwardAPI, projected) go to `served.ServedVolumes`: a FUSE
+subtree bind-mounted at the pod volume directory, refreshed whenever their inputs change.
+Mount-backed volumes (nfs, local, hostPath, emptyDir) go to `mount.plugins.MountPlugins`; once set
+up they are never refreshed (as under kubelet, a mount is not redone for a changed spec).
+A volume the populator could not resolve (unsupported type, unbound claim) fails with its error.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from fusevol import layout
+from fusevol.cache.actual import MountedVolume
+from fusevol.errors import VolumeSetupError
+from fusevol.mount.plugins import MountPlugins
+from fusevol.reconciler.reconstruct import remove_pod_dir
+from fusevol.reconciler.served import ServedVolumes
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+    from pathlib import Path
+
+    from fusevol.cache.desired import VolumeToServe
+    from fusevol.cache.store import ObjectStore
+    from fusevol.fuse.publish import Publisher
+    from fusevol.layout import Plugin
+    from fusevol.model import PodUID
+    from fusevol.mount.backend import MountBackend
+    from fusevol.projection.downward import NodeAllocatable
+
+import trio
+
+
+class Volumes:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        store: ObjectStore,
+        publisher: Publisher,
+        backend: MountBackend,
+        allocatable: NodeAllocatable,
+    ) -> None:
+        self._root = root
+        self.served = ServedVolumes(
+            root=root, store=store, publisher=publisher, backend=backend, allocatable=allocatable
+        )
+        self.mounted = MountPlugins(root=root, backend=backend)
+
+    def inputs(self, volume: VolumeToServe) -> Hashable:
+        """What the volume is built from; a set-up volume is refreshed when this changes."""
+        if volume.plugin is None:
+            return (volume.error,)
+        if volume.plugin.served_from_memory:
+            return self.served.inputs(volume)
+        return (volume.source, volume.read_only, volume.mount_options)
+
+    async def set_up(self, volume: VolumeToServe) -> MountedVolume:
+        plugin = _require_plugin(volume)
+        if plugin.served_from_memory:
+            inputs = await self.served.set_up(volume)
+            path = self.served.path(volume)
+        else:
+            inputs = self.inputs(volume)
+            path = await self.mounted.set_up(volume)
+        return MountedVolume(volume.name, plugin, volume.pod.uid, volume.spec_name, path, inputs)
+
+    async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
+        if mounted.plugin.served_from_memory:
+            inputs = await self.served.refresh(volume)
+        else:
+            inputs = self.inputs(volume)
+        return MountedVolume(
+            mounted.name, mounted.plugin, mounted.pod_uid, mounted.spec_name, mounted.path, inputs
+        )
+
+    async def tear_down(self, mounted: MountedVolume) -> None:
+        if mounted.plugin.served_from_memory:
+            await self.served.tear_down(mounted.pod_uid, mounted.spec_name, mounted.path)
+        else:
+            await self.mounted.tear_down(mounted.plugin, mounted.path)
+
+    async def remove_pod_dir(self, uid: PodUID) -> None:
+        """Remove the pod's directory once none of its volumes is left on the node."""
+        await trio.to_thread.run_sync(remove_pod_dir, layout.pod_dir(self._root, uid))
+
+
+def _require_plugin(volume: VolumeToServe) -> Plugin:
+    if volume.plugin is None:
+        raise VolumeSetupError(volume.error or f"volume {volume.volume.name!r} cannot be served")
+    return volume.plugin
