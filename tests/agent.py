@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusevol import layout
 
@@ -51,11 +51,19 @@ def wait_for(
 
 
 class AgentProcess:
-    def __init__(self, *, manifests: Path, root: Path, extra_args: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        *,
+        manifests: Path,
+        root: Path,
+        extra_args: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.manifests = manifests
         self.root = root
         self.log_path = root.parent / f"{root.name}-agent.log"
         self._extra_args = extra_args
+        self._env = None if env is None else {**os.environ, **env}
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> AgentProcess:
@@ -75,7 +83,7 @@ class AgentProcess:
             *self._extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
-        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         log.close()
         wait_for(lambda: self._exited_early() or " ready " in self.log_text(), timeout_s=20)
         return self
@@ -117,8 +125,7 @@ class AgentProcess:
 
     def volume_status(self, uid: str, volume: str) -> dict[str, object]:
         """The volume's entry in the agent's status snapshot, or {} if it has none."""
-        data = json.loads(layout.status_file(self.root).read_text())
-        for pod in data["pods"]:
+        for pod in self.snapshot()["pods"]:
             for entry in pod["volumes"] if pod["uid"] == uid else ():
                 if entry["name"] == volume:
                     return dict(entry)
@@ -126,6 +133,10 @@ class AgentProcess:
 
     def wait_state(self, uid: str, volume: str, state: str, *, timeout_s: float = 10.0) -> None:
         wait_for(lambda: self.volume_status(uid, volume).get("state") == state, timeout_s=timeout_s)
+
+    def snapshot(self) -> dict[str, Any]:
+        data: dict[str, Any] = json.loads(layout.status_file(self.root).read_text())
+        return data
 
     def status(self) -> str:
         return subprocess.run(
@@ -140,8 +151,10 @@ class AgentProcess:
 
 
 @contextlib.contextmanager
-def running_agent(manifests: Path, root: Path, *extra_args: str) -> Iterator[AgentProcess]:
-    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args).start()
+def running_agent(
+    manifests: Path, root: Path, *extra_args: str, env: dict[str, str] | None = None
+) -> Iterator[AgentProcess]:
+    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env).start()
     try:
         yield agent
     finally:

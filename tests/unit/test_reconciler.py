@@ -39,9 +39,11 @@ from fusevol.model import (
     VolumeName,
 )
 from fusevol.populator import Populator
+from fusevol.projection.downward import NodeAllocatable
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
-from fusevol.reconciler.volumes import ServedVolumes, remove_pod_dir
+from fusevol.reconciler.reconstruct import remove_pod_dir
+from fusevol.reconciler.volumes import Volumes
 from fusevol.settings import ReconcileSettings
 
 if TYPE_CHECKING:
@@ -68,13 +70,13 @@ POD_NFS = Pod(
     "ns",
     "n",
     ResourceVersion("100"),
-    volumes=(CFG, Volume(VolumeName("data"), UnsupportedVolumeSource(type_name="nfs"))),
+    volumes=(CFG, Volume(VolumeName("data"), UnsupportedVolumeSource(type_name="gitRepo"))),
 )
 A_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-a-cfg")
 B_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-b-cfg")
 C_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-c-cfg")
 N_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-n-cfg")
-N_DATA = UniqueVolumeName("unsupported/uid-n-data")
+N_DATA = UniqueVolumeName("unresolved/uid-n-data")
 
 
 class Call(NamedTuple):
@@ -84,15 +86,18 @@ class Call(NamedTuple):
 
 
 class FakeVolumes:
-    """`ServedVolumes` without FUSE or mounts: records calls, fails for names in `failing`."""
+    """`Volumes` without FUSE or mounts: records calls, fails for names in `failing`."""
 
     def __init__(self, *, root: Path, store: ObjectStore) -> None:
         self._root = root
-        self._real = ServedVolumes(
+        self._real = Volumes(
             root=root,
             store=store,
             publisher=cast("Publisher", None),
             backend=cast("MountBackend", None),
+            allocatable=NodeAllocatable(
+                cpu_millis=2000, memory_bytes=1 << 30, ephemeral_storage_bytes=1 << 30
+            ),
         )
         self.calls: list[Call] = []
         self.failing: set[UniqueVolumeName] = set()
@@ -103,8 +108,9 @@ class FakeVolumes:
 
     async def set_up(self, volume: VolumeToServe) -> MountedVolume:
         self._record("set_up", volume.name)
-        self._real.render(volume)
-        assert volume.plugin is not None
+        if volume.plugin is None:
+            raise VolumeSetupError(volume.error)
+        self._real.served.render(volume)
         path = layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.volume.name)
         path.mkdir(parents=True, exist_ok=True)
         return MountedVolume(
@@ -118,7 +124,7 @@ class FakeVolumes:
 
     async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
         self._record("refresh", volume.name)
-        self._real.render(volume)
+        self._real.served.render(volume)
         return dataclasses.replace(mounted, inputs=self.inputs(volume))
 
     async def tear_down(self, mounted: MountedVolume) -> None:
@@ -184,7 +190,7 @@ class World:
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
-            volumes=cast("ServedVolumes", self.volumes),
+            volumes=cast("Volumes", self.volumes),
             resync_interval_s=SETTINGS.resync_interval_s,
         )
 
@@ -280,7 +286,7 @@ async def test_pod_added_gets_its_volume_set_up_at_once(
     assert world.volumes.calls == [Call("set_up", A_CFG, 5.0)]  # not at the next resync
     mounted = world.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, "1")
+    assert mounted.inputs == (CFG.source, None, None, "1")
     assert mounted.path == layout.volume_dir(world.root, POD_A.uid, Plugin.CONFIG_MAP, CFG.name)
 
 
@@ -352,7 +358,7 @@ async def test_refresh_follows_object_versions(
     assert served.volumes.calls_of(A_CFG)[1:] == [Call(op, A_CFG, 5.0) for op in operations]
     mounted = served.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, version)
+    assert mounted.inputs == (CFG.source, None, None, version)
 
 
 # -- failures --------------------------------------------------------------------------------------
@@ -420,7 +426,7 @@ async def test_configmap_deleted_keeps_the_last_good_content(
     assert served.volumes.calls[1:] == [Call("refresh", A_CFG, 1 + t) for t in BACKOFF_TIMES]
     mounted = served.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, "1")
+    assert mounted.inputs == (CFG.source, None, None, "1")
     status = served.executor.status(A_CFG)
     assert status is not None
     assert (status.operation, status.failures) == ("refresh", 5)
@@ -440,11 +446,11 @@ async def test_unsupported_volume_keeps_failing_with_a_clear_error(
     assert [c.time for c in world.volumes.calls_of(N_DATA)] == BACKOFF_TIMES
     status = world.executor.status(N_DATA)
     assert status is not None
-    assert status.last_error == "volume type 'nfs' is not supported by fusevol"
+    assert status.last_error == "volume type 'gitRepo' is not supported by fusevol"
     assert status.retry_at == 7.5 + 8
     [error] = error_lines(caplog)
     assert f"volume={N_DATA}" in error
-    assert "'nfs' is not supported" in error
+    assert "'gitRepo' is not supported" in error
 
 
 async def test_executor_forgets_volumes_whose_pod_is_gone(

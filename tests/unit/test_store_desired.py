@@ -26,6 +26,7 @@ from fusevol.model import (
     Volume,
     VolumeName,
 )
+from fusevol.populator import Populator
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -193,18 +194,24 @@ async def test_wait_synced_blocks_until_mark_synced(
 # -- DesiredState ----------------------------------------------------------------------------------
 
 
+def set_pod(desired: DesiredState, pod: Pod) -> bool:
+    """Add `pod` with its volumes resolved as the populator does."""
+    resolver = Populator(store=ObjectStore(), desired=desired)
+    return desired.set_pod(pod, tuple(resolver.resolve(pod, v) for v in pod.volumes))
+
+
 @pytest.mark.parametrize(
     ("volume", "name", "plugin"),
     [
         pytest.param("cfg", "kubernetes.io/configmap/uid-a-cfg", Plugin.CONFIG_MAP, id="configmap"),
         pytest.param("creds", "kubernetes.io/secret/uid-a-creds", Plugin.SECRET, id="secret"),
-        pytest.param("data", "unsupported/uid-a-data", None, id="unsupported-still-desired"),
+        pytest.param("data", "unresolved/uid-a-data", None, id="unsupported-still-desired"),
     ],
 )
 def test_set_pod_adds_its_volumes_under_unique_names(
     desired: DesiredState, volume: str, name: str, plugin: Plugin | None
 ) -> None:
-    assert desired.set_pod(POD)
+    assert set_pod(desired, POD)
     served = desired.get(name)  # type: ignore[arg-type]
     assert served is not None
     assert (served.plugin, served.pod, served.volume.name) == (plugin, POD, volume)
@@ -213,8 +220,8 @@ def test_set_pod_adds_its_volumes_under_unique_names(
 
 def test_volume_names_are_unique_across_pods(desired: DesiredState) -> None:
     other = dataclasses.replace(POD, uid=PodUID("uid-b"), name="web-2")
-    desired.set_pod(POD)
-    desired.set_pod(other)
+    set_pod(desired, POD)
+    set_pod(desired, other)
     names = [v.name for v in desired.volumes_to_serve()]
     assert len(names) == len(set(names)) == 6
     assert "kubernetes.io/configmap/uid-b-cfg" in names
@@ -240,9 +247,9 @@ def test_volume_names_are_unique_across_pods(desired: DesiredState) -> None:
 def test_set_pod_again(
     desired: DesiredState, update: Callable[[Pod], Pod], changed: bool, names: int
 ) -> None:
-    desired.set_pod(POD)
+    set_pod(desired, POD)
     pod = update(POD)
-    assert desired.set_pod(pod) is changed
+    assert set_pod(desired, pod) is changed
     served = desired.volumes_to_serve()
     assert len(served) == names
     assert all(v.pod == pod for v in served)
@@ -250,8 +257,8 @@ def test_set_pod_again(
 
 def test_delete_pod_is_idempotent(desired: DesiredState) -> None:
     other = dataclasses.replace(POD, uid=PodUID("uid-b"))
-    desired.set_pod(POD)
-    desired.set_pod(other)
+    set_pod(desired, POD)
+    set_pod(desired, other)
     assert desired.delete_pod(POD.uid)
     assert not desired.delete_pod(POD.uid)
     assert not desired.delete_pod(PodUID("never-seen"))
@@ -261,7 +268,7 @@ def test_delete_pod_is_idempotent(desired: DesiredState) -> None:
 
 
 def test_readers_hand_out_snapshots(desired: DesiredState) -> None:
-    desired.set_pod(POD)
+    set_pod(desired, POD)
     volumes, pods = desired.volumes_to_serve(), desired.pods()
     desired.delete_pod(POD.uid)
     assert (len(volumes), len(pods)) == (3, 1)
