@@ -25,16 +25,38 @@ DATA = "..data"
 DATA_TMP = "..data_tmp"
 
 
-def write(target: Path, payload: Mapping[str, FileProjection]) -> None:
-    """AtomicWriter.Write(payload, nil) into the existing directory `target`."""
+def write(
+    target: Path, payload: Mapping[str, FileProjection], *, fs_group: int | None = None
+) -> None:
+    """AtomicWriter.Write(payload, setPerms) into the existing directory `target`; with an
+    fsGroup, setPerms is kubelet's ownership walk over the volume (read-only volume types)."""
     old_umask = os.umask(0o022)
     try:
-        _write(target, payload)
+        _write(target, payload, fs_group)
     finally:
         os.umask(old_umask)
 
 
-def _write(target: Path, payload: Mapping[str, FileProjection]) -> None:
+def set_volume_ownership(directory: Path, fs_group: int) -> None:
+    """`SetVolumeOwnership` for a read-only volume (pkg/volume/volume_linux.go, walkDeep):
+    children before their directory; lchown to the group everywhere, symlinks included; chmod
+    `mode | 0440` for files, `mode | 0440 | 0110 | setgid` for directories, never for symlinks."""
+    for dirpath, dirnames, filenames in os.walk(directory, topdown=False):
+        for name in [*filenames, *dirnames]:
+            _own(Path(dirpath) / name, fs_group)
+    _own(directory, fs_group)
+
+
+def _own(path: Path, fs_group: int) -> None:
+    os.lchown(path, -1, fs_group)
+    st = os.lstat(path)
+    if stat.S_ISLNK(st.st_mode):
+        return
+    mask = 0o440 | (stat.S_ISGID | 0o110 if stat.S_ISDIR(st.st_mode) else 0)
+    os.chmod(path, stat.S_IMODE(st.st_mode) | mask)
+
+
+def _write(target: Path, payload: Mapping[str, FileProjection], fs_group: int | None) -> None:
     cleaned = {os.path.normpath(p): f for p, f in payload.items()}  # (1)
     old_ts = os.readlink(target / DATA) if (target / DATA).is_symlink() else None  # (2)
     paths_to_remove: set[str] = set()
@@ -63,12 +85,14 @@ def _write(target: Path, payload: Mapping[str, FileProjection]) -> None:
             file.chmod(projection.mode)
             if projection.fs_user is not None:
                 os.chown(file, projection.fs_user, -1)
+        if fs_group is not None:  # (7) setPerms
+            set_volume_ownership(target, fs_group)
         os.symlink(ts, target / DATA_TMP)  # (8)
         os.rename(target / DATA_TMP, target / DATA)  # (9)
     for path in cleaned:  # (10)
         top = path.split("/")[0]
         if not os.path.lexists(target / top):
-            os.symlink(f"{DATA}/{top}", target / top)
+            os.symlink(f"{DATA}/{top}", target / top)  # in a setgid root: group fsGroup
     for path in paths_to_remove:  # (11)
         if "/" not in path and os.path.lexists(target / path):
             os.remove(target / path)
