@@ -37,7 +37,7 @@ from fusevol.fuse.session import serve
 from fusevol.fuse.tree import Tree
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
-from fusevol.projection.downward import host_allocatable
+from fusevol.projection.downward import node_allocatable
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
 from fusevol.reconciler.reconstruct import (
@@ -112,7 +112,7 @@ class Agent:
                 store=self.store,
                 publisher=self.publisher,
                 backend=self.backend,
-                allocatable=host_allocatable(),
+                allocatable=node_allocatable(settings.node_allocatable),
             ),
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,

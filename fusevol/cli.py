@@ -49,6 +49,12 @@ def _parser() -> argparse.ArgumentParser:
         default=_env("node-name", socket.gethostname()),
         help="serve pods with this spec.nodeName (or none); default: the host name",
     )
+    run.add_argument(
+        "--node-allocatable",
+        default=_env("node-allocatable", ""),
+        help="what the downward API reports for containers without limits, e.g. "
+        "cpu=4,memory=8Gi,ephemeral-storage=100Gi (default: the host's capacity)",
+    )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
 
     show = commands.add_parser("status", help="show pods, volumes, state and last error")
@@ -70,16 +76,26 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     from fusevol.app import run_until_signalled
+    from fusevol.projection.downward import node_allocatable
 
     log.setup(args.log_level)
     if args.manifests is None:
         raise FusevolError("no source: give --manifests DIR (or FUSEVOL_MANIFESTS)")
     if not args.manifests.is_dir():
         raise FusevolError(f"--manifests {args.manifests}: not a directory")
+    items = [item.strip() for item in args.node_allocatable.split(",") if item.strip()]
+    try:
+        if any("=" not in item for item in items):
+            raise ValueError("expected name=quantity[,name=quantity...]")
+        allocatable = dict(item.split("=", 1) for item in items)
+        node_allocatable(allocatable)
+    except ValueError as exc:
+        raise FusevolError(f"--node-allocatable: {exc}") from None
     settings = Settings(
         root=args.root.absolute(),
         node_name=args.node_name,
         manifests=args.manifests.absolute(),
+        node_allocatable=allocatable,
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")

@@ -51,6 +51,10 @@ class Settings:
     """Pods whose spec.nodeName names another node are not served."""
     manifests: Path | None
     """The directory of manifests to serve (the embedded default source)."""
+    node_allocatable: dict[str, str] = field(default_factory=dict)
+    """What the downward API reports for a container without a cpu, memory or ephemeral-storage
+    limit (kubelet takes the Node's allocatable): resource name -> quantity. A resource not given
+    here is the host's capacity (every CPU, MemTotal, the root file system's size)."""
     fuse: FuseSettings = field(default_factory=FuseSettings)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     mount: MountSettings = field(default_factory=MountSettings)

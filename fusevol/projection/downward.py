@@ -36,7 +36,7 @@ from fusevol.projection.goquote import format_map, go_quote, to_go_bytes
 from fusevol.projection.paths import clean_path, validate_payload
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
     from fusevol.model import Container, DownwardAPIVolumeFile, Pod, ResourceFieldSelector
 
@@ -74,6 +74,26 @@ def host_allocatable(
         cpu_millis=(os.cpu_count() or 1) * 1000,
         memory_bytes=memory,
         ephemeral_storage_bytes=stat.f_blocks * stat.f_frsize,
+    )
+
+
+def node_allocatable(configured: Mapping[str, str]) -> NodeAllocatable:
+    """The host's capacity, with the resources given in `configured` (`{"cpu": "3500m",
+    "memory": "6Gi", "ephemeral-storage": "100Gi"}`) taking their place. ValueError names a bad
+    resource name or quantity."""
+    unknown = set(configured) - {"cpu", "memory", "ephemeral-storage"}
+    if unknown:
+        raise ValueError(f"unknown allocatable resource(s): {', '.join(sorted(unknown))}")
+    host = host_allocatable()
+    parsed = {name: quantity.parse_quantity(text) for name, text in configured.items()}
+    return NodeAllocatable(
+        cpu_millis=quantity.milli_value(parsed["cpu"]) if "cpu" in parsed else host.cpu_millis,
+        memory_bytes=quantity.value(parsed["memory"]) if "memory" in parsed else host.memory_bytes,
+        ephemeral_storage_bytes=(
+            quantity.value(parsed["ephemeral-storage"])
+            if "ephemeral-storage" in parsed
+            else host.ephemeral_storage_bytes
+        ),
     )
 
 

@@ -488,3 +488,16 @@ def test_host_allocatable_needs_mem_total(tmp_path: Path) -> None:
     meminfo.write_text("MemFree: 1 kB\n")
     with pytest.raises(ValueError, match="no MemTotal"):
         host_allocatable(meminfo=meminfo, root_fs=str(tmp_path))
+
+
+def test_configured_node_allocatable_overrides_the_host() -> None:
+    from fusevol.projection.downward import host_allocatable, node_allocatable
+
+    host = host_allocatable()
+    configured = node_allocatable({"cpu": "3500m", "memory": "6Gi"})
+    assert configured.cpu_millis == 3500
+    assert configured.memory_bytes == 6 << 30
+    assert configured.ephemeral_storage_bytes == host.ephemeral_storage_bytes
+    assert node_allocatable({}) == host
+    with pytest.raises(ValueError, match="unknown allocatable resource"):
+        node_allocatable({"gpu": "1"})
