@@ -15,6 +15,7 @@ keeps answering until the last bind mount of it is gone, so no unmount waits on 
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dataclasses
 import fcntl
@@ -35,6 +36,7 @@ from fusevol.fuse.ops import Operations, is_thread_of_this_process
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import serve
 from fusevol.fuse.tree import Tree
+from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
 from fusevol.projection.downward import node_allocatable
@@ -47,13 +49,15 @@ from fusevol.reconciler.reconstruct import (
     unmount_all_below,
 )
 from fusevol.reconciler.volumes import Volumes
+from fusevol.server import HealthServer
 from fusevol.source.local import ManifestSource
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterable, Iterator
     from pathlib import Path
 
+    from fusevol.model import UniqueVolumeName
     from fusevol.settings import Settings
 
 log = logging.getLogger(__name__)
@@ -73,6 +77,7 @@ class Agent:
         self.settings = settings
         root = settings.root
         self.backend = LinuxMountBackend(command_timeout_s=settings.mount.command_timeout_s)
+        self.metrics = Metrics()
         self.store = ObjectStore()
         self.desired = DesiredState()
         self.actual = ActualState()
@@ -92,6 +97,7 @@ class Agent:
             initial_backoff_s=settings.reconcile.initial_backoff_s,
             max_backoff_s=settings.reconcile.max_backoff_s,
             on_done=lambda: self.reconciler.kick(),
+            on_finished=self._observe_operation,
         )
         self.status = StatusReporter(
             root=root,
@@ -113,6 +119,7 @@ class Agent:
                 publisher=self.publisher,
                 backend=self.backend,
                 allocatable=node_allocatable(settings.node_allocatable),
+                observe_propagation=self.metrics.update_propagation.observe,
             ),
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
@@ -122,6 +129,66 @@ class Agent:
         self.source = ManifestSource(
             directory=settings.manifests, node_name=settings.node_name, store=self.store
         )
+        self.http = HealthServer(
+            host=settings.http.host,
+            port=settings.http.port,
+            metrics=self.metrics,
+            healthy=lambda: self._fuse_up,
+            ready=lambda: self.store.synced and self.reconciler.passes > 0,
+            status=self.status.snapshot,
+        )
+        self._fuse_up = False
+        self._register_metrics()
+
+    def _register_metrics(self) -> None:
+        def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
+            for state, names in (
+                ("desired_state_of_world", [v.name for v in self.desired.volumes_to_serve()]),
+                ("actual_state_of_world", [v.name for v in self.actual.mounted_volumes()]),
+            ):
+                for plugin, count in collections.Counter(map(_plugin_of, names)).items():
+                    yield {"plugin_name": plugin, "state": state}, count
+
+        self.metrics.add_gauge(
+            "volume_manager_total_volumes",
+            "Volumes in the desired and actual state of world",
+            ["plugin_name", "state"],
+            volumes_by_state,
+        )
+        self.metrics.add_counter(
+            "fusevol_fuse_requests",
+            "FUSE requests answered, by operation",
+            ["operation"],
+            lambda: (({"operation": op}, n) for op, n in self.operations.requests.items()),
+        )
+        self.metrics.add_counter(
+            "fusevol_fuse_read_bytes",
+            "Bytes read through the FUSE mount",
+            [],
+            lambda: [({}, self.operations.read_bytes)],
+        )
+        self.metrics.add_gauge(
+            "fusevol_objects",
+            "Objects held in memory, by kind",
+            ["kind"],
+            lambda: (
+                ({"kind": kind}, n) for kind, n in self.store.statistics().objects_by_kind.items()
+            ),
+        )
+        self.metrics.add_gauge(
+            "fusevol_fuse_inodes",
+            "Inodes of the FUSE file system (reachable or still known to the kernel)",
+            [],
+            lambda: [({}, self.tree.statistics().nodes)],
+        )
+
+    def _observe_operation(
+        self, name: UniqueVolumeName, operation: str, seconds: float, ok: bool
+    ) -> None:
+        kubelet_name = "volume_unmount" if operation == "unmount" else "volume_mount"
+        self.metrics.operation_duration.labels(
+            _plugin_of(name), kubelet_name, "success" if ok else "fail-unknown"
+        ).observe(seconds)
 
     def statistics(self) -> dict[str, Any]:
         """Every component's counters, for the status snapshot."""
@@ -150,6 +217,9 @@ class Agent:
                     async with trio.open_nursery() as nursery:
                         await nursery.start(self.executor.run)  # (4)
                         await nursery.start(self.status.run)
+                        if self.settings.http.port >= 0:
+                            await nursery.start(self.http.run)
+                        nursery.start_soon(_watchdog)
                         await nursery.start(self.source.run)  # (5)
                         await nursery.start(self.reconciler.run)  # (6)
                         log.info("ready root=%s node=%s", root, self.settings.node_name)
@@ -169,12 +239,16 @@ class Agent:
     ) -> None:
         mountpoint = layout.fuse_mountpoint(self.settings.root)
         with scope:
-            await serve(
-                self.operations,
-                mountpoint,
-                max_tasks=self.settings.fuse.max_tasks,
-                task_status=task_status,
-            )
+            try:
+                self._fuse_up = True
+                await serve(
+                    self.operations,
+                    mountpoint,
+                    max_tasks=self.settings.fuse.max_tasks,
+                    task_status=task_status,
+                )
+            finally:
+                self._fuse_up = False
 
 
 async def run_until_signalled(settings: Settings) -> None:
@@ -202,6 +276,22 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+def _plugin_of(name: str) -> str:
+    """`kubernetes.io/configmap/<uid>-<name>` -> `kubernetes.io/configmap`."""
+    return name.rsplit("/", 1)[0]
+
+
+async def _watchdog() -> None:
+    """Tell systemd we are alive at half its WatchdogSec, from the trio loop: a loop that froze
+    stops the pings, and systemd restarts the agent. No-op outside such a unit."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    if not usec or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
+        return
+    while True:
+        _sd_notify(b"WATCHDOG=1")
+        await trio.sleep(int(usec) / 2e6)
 
 
 def _sd_notify(message: bytes) -> None:

@@ -22,7 +22,7 @@ import trio
 
 from fusevol import __version__, log, status
 from fusevol.errors import FusevolError
-from fusevol.settings import Settings
+from fusevol.settings import HttpSettings, Settings
 
 DEFAULT_ROOT = "/var/lib/fusevol"
 
@@ -54,6 +54,15 @@ def _parser() -> argparse.ArgumentParser:
         default=_env("node-allocatable", ""),
         help="what the downward API reports for containers without limits, e.g. "
         "cpu=4,memory=8Gi,ephemeral-storage=100Gi (default: the host's capacity)",
+    )
+    run.add_argument(
+        "--http-port",
+        type=int,
+        default=int(_env("http-port", "9808") or 9808),
+        help="port of /healthz, /readyz, /metrics and /status (-1: none)",
+    )
+    run.add_argument(
+        "--http-host", default=_env("http-host", "0.0.0.0"), help="address to listen on"
     )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
 
@@ -96,6 +105,7 @@ def _run(args: argparse.Namespace) -> int:
         node_name=args.node_name,
         manifests=args.manifests.absolute(),
         node_allocatable=allocatable,
+        http=HttpSettings(host=args.http_host, port=args.http_port),
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")

@@ -44,6 +44,15 @@ class MountSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class HttpSettings:
+    host: str = "0.0.0.0"
+    """Address of /healthz, /readyz, /metrics and /status; all interfaces by default, so that
+    probes reach it at the pod's IP. Nothing secret is served there."""
+    port: int = 9808
+    """0 picks a free port; a negative port disables the server."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     root: Path
     """The agent's root directory: kubelet's --root-dir layout (`pods/<uid>/volumes/...`)."""
@@ -58,3 +67,4 @@ class Settings:
     fuse: FuseSettings = field(default_factory=FuseSettings)
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     mount: MountSettings = field(default_factory=MountSettings)
+    http: HttpSettings = field(default_factory=HttpSettings)

@@ -10,10 +10,13 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from fusevol import layout
@@ -80,6 +83,8 @@ class AgentProcess:
             NODE,
             "--log-level",
             "debug",
+            "--http-port",
+            "0",
             *self._extra_args,
         ]
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
@@ -145,6 +150,16 @@ class AgentProcess:
             capture_output=True,
             text=True,
         ).stdout
+
+    def http_get(self, path: str) -> tuple[int, str]:
+        """GET `path` from the agent's HTTP server: (status, body)."""
+        match = re.search(r"http listening address=\S*:(\d+)", self.log_text())
+        assert match, "the agent logged no HTTP address"
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{match[1]}{path}", timeout=5) as r:
+                return r.status, r.read().decode()
+        except urllib.error.HTTPError as exc:
+            return exc.code, exc.read().decode()
 
     def fuse_mountpoint(self) -> Path:
         return layout.fuse_mountpoint(self.root)

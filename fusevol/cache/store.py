@@ -48,6 +48,7 @@ class StoreStatistics:
 class ObjectStore:
     def __init__(self) -> None:
         self._objects: dict[ObjectKey, KubeObject] = {}
+        self._changed_at: dict[ObjectKey, float] = {}
         self._generation = 0
         self._changed = trio.Event()
         self._synced = trio.Event()
@@ -59,6 +60,7 @@ class ObjectStore:
         if self._objects.get(obj.key) == obj:
             return False
         self._objects[obj.key] = obj
+        self._changed_at[obj.key] = trio.current_time()
         self._bump()
         return True
 
@@ -66,6 +68,7 @@ class ObjectStore:
         """Forget the object at `key`. No-op (False) if there is none."""
         if self._objects.pop(key, None) is None:
             return False
+        self._changed_at[key] = trio.current_time()
         self._bump()
         return True
 
@@ -93,6 +96,10 @@ class ObjectStore:
 
     def pods(self) -> Iterable[Pod]:
         return tuple(obj for obj in self._objects.values() if isinstance(obj, Pod))
+
+    def changed_at(self, key: ObjectKey) -> float | None:
+        """trio clock time of the last change of `key` (None: never seen)."""
+        return self._changed_at.get(key)
 
     @property
     def generation(self) -> int:

@@ -14,6 +14,7 @@ structural change goes through the VFS, which keeps the kernel's caches right by
 
 from __future__ import annotations
 
+import collections
 import errno
 import logging
 import os
@@ -52,43 +53,56 @@ class Operations(pyfuse3.Operations):
         self._is_agent = is_agent
         self._entry_timeout_s = entry_timeout_s
         self._attr_timeout_s = attr_timeout_s
+        self.requests: collections.Counter[str] = collections.Counter()
+        """Requests answered, by handler name: plain integers, read by the metrics at scrape."""
+        self.read_bytes = 0
 
     # -- reading -----------------------------------------------------------------------------------
 
     async def lookup(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        self.requests["lookup"] += 1
         return self._attributes(_call(self._tree.lookup, parent_inode, name))
 
     async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
+        self.requests["forget"] += 1
         for inode, nlookup in inode_list:
             self._tree.forget(inode, nlookup)
 
     async def getattr(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
+        self.requests["getattr"] += 1
         return self._attributes(_call(self._tree.__getitem__, inode))
 
     async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
+        self.requests["readlink"] += 1
         return _call(self._tree.__getitem__, inode).target
 
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
+        self.requests["open"] += 1
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         _call(self._tree.__getitem__, inode)
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
-        return _call(self._tree.__getitem__, fh).data[off : off + size]
+        self.requests["read"] += 1
+        data = _call(self._tree.__getitem__, fh).data[off : off + size]
+        self.read_bytes += len(data)
+        return data
 
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        self.requests["release"] += 1
         pass
 
     async def opendir(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
+        self.requests["opendir"] += 1
         node = _call(self._tree.__getitem__, inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
@@ -97,6 +111,7 @@ class Operations(pyfuse3.Operations):
     async def readdir(
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
+        self.requests["readdir"] += 1
         directory = _call(self._tree.__getitem__, fh)
         for name, node in self._tree.entries(directory, after=start_id):
             if not pyfuse3.readdir_reply(token, name, self._attributes(node), node.inode):
@@ -104,9 +119,11 @@ class Operations(pyfuse3.Operations):
             self._tree.remember(node)
 
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        self.requests["releasedir"] += 1
         pass
 
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        self.requests["statfs"] += 1
         stats = pyfuse3.StatvfsData()
         stats.f_bsize = stats.f_frsize = 4096
         stats.f_files = self._tree.statistics().nodes
@@ -122,6 +139,7 @@ class Operations(pyfuse3.Operations):
         mode: int,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        self.requests["mkdir"] += 1
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.mkdir, parent_inode, name))
 
@@ -132,6 +150,7 @@ class Operations(pyfuse3.Operations):
         target: pyfuse3.FileNameT,
         ctx: pyfuse3.RequestContext,
     ) -> pyfuse3.EntryAttributes:
+        self.requests["symlink"] += 1
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.symlink, parent_inode, name, target))
 
@@ -144,6 +163,7 @@ class Operations(pyfuse3.Operations):
         flags: int,
         ctx: pyfuse3.RequestContext,
     ) -> None:
+        self.requests["rename"] += 1
         self._require_agent(ctx)
         if flags:
             raise pyfuse3.FUSEError(errno.EINVAL)
@@ -152,36 +172,45 @@ class Operations(pyfuse3.Operations):
     async def unlink(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
+        self.requests["unlink"] += 1
         self._require_agent(ctx)
         _call(self._tree.unlink, parent_inode, name)
 
     async def rmdir(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
+        self.requests["rmdir"] += 1
         self._require_agent(ctx)
         _call(self._tree.rmdir, parent_inode, name)
 
     # -- refused to everyone -----------------------------------------------------------------------
 
     async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
+        self.requests["setattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        self.requests["create"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def mknod(self, *args: object) -> pyfuse3.EntryAttributes:
+        self.requests["mknod"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def link(self, *args: object) -> pyfuse3.EntryAttributes:
+        self.requests["link"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
+        self.requests["write"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def setxattr(self, *args: object) -> None:
+        self.requests["setxattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     async def removexattr(self, *args: object) -> None:
+        self.requests["removexattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
     # -- helpers -----------------------------------------------------------------------------------

@@ -64,7 +64,11 @@ class Executor:
         initial_backoff_s: float,
         max_backoff_s: float,
         on_done: Callable[[], None],
+        on_finished: Callable[[UniqueVolumeName, str, float, bool], None] = lambda *_: None,
     ) -> None:
+        """`on_done()` after every operation; `on_finished(name, operation, seconds, ok)` too,
+        for metrics."""
+        self._on_finished = on_finished
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
         self._on_done = on_done
@@ -139,12 +143,15 @@ class Executor:
         run: Callable[[], Awaitable[None]],
         inputs: Hashable,
     ) -> None:
+        started = trio.current_time()
         try:
             await run()
         except Exception as exc:
             self._failed += 1
             self._record_failure(name, status, exc, inputs)
+            self._on_finished(name, status.operation, trio.current_time() - started, False)
         else:
+            self._on_finished(name, status.operation, trio.current_time() - started, True)
             if status.failures:
                 log.info("operation succeeded after %d failures volume=%s", status.failures, name)
             status.failures, status.last_error, status.retry_at = 0, "", -math.inf

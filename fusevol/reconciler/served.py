@@ -42,7 +42,7 @@ from fusevol.model import (
 from fusevol.projection import configmap, downward, ownership, projected, secret
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
@@ -71,7 +71,11 @@ class ServedVolumes:
         publisher: Publisher,
         backend: MountBackend,
         allocatable: NodeAllocatable,
+        observe_propagation: Callable[[float], None] = lambda _: None,
     ) -> None:
+        """`observe_propagation(seconds)`: after each refresh that published a new version, the
+        time since the change of the newest object it depends on."""
+        self._observe_propagation = observe_propagation
         self._root = root
         self._store = store
         self._publisher = publisher
@@ -117,12 +121,17 @@ class ServedVolumes:
         """Publish the volume's current content; returns the inputs it was built from."""
         inputs = self.inputs(volume)
         payload = self.render(volume)
-        await self._publish(layout.fuse_name(volume.pod.uid, volume.spec_name), volume, payload)
+        name = layout.fuse_name(volume.pod.uid, volume.spec_name)
+        if await self._publish(name, volume, payload):
+            keys = [*_referenced_objects(volume), volume.pod.key]
+            changes = [t for t in map(self._store.changed_at, keys) if t is not None]
+            if changes:
+                self._observe_propagation(trio.current_time() - max(changes))
         return inputs
 
-    async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> None:
+    async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> bool:
         fs_group = volume.pod.fs_group
-        await self._publisher.publish(
+        return await self._publisher.publish(
             name,
             ownership.apply_fs_group(payload, fs_group),
             gid=fs_group,

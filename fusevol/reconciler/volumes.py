@@ -19,7 +19,7 @@ from fusevol.reconciler.reconstruct import remove_pod_dir
 from fusevol.reconciler.served import ServedVolumes
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Callable, Hashable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
@@ -42,10 +42,16 @@ class Volumes:
         publisher: Publisher,
         backend: MountBackend,
         allocatable: NodeAllocatable,
+        observe_propagation: Callable[[float], None] = lambda _: None,
     ) -> None:
         self._root = root
         self.served = ServedVolumes(
-            root=root, store=store, publisher=publisher, backend=backend, allocatable=allocatable
+            root=root,
+            store=store,
+            publisher=publisher,
+            backend=backend,
+            allocatable=allocatable,
+            observe_propagation=observe_propagation,
         )
         self.mounted = MountPlugins(root=root, backend=backend)
 
