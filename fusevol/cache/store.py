@@ -16,6 +16,7 @@ All calls happen on the trio thread; there are no locks.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, overload
 
@@ -60,7 +61,7 @@ class ObjectStore:
         if self._objects.get(obj.key) == obj:
             return False
         self._objects[obj.key] = obj
-        self._changed_at[obj.key] = trio.current_time()
+        self._changed_at[obj.key] = time.monotonic()
         self._bump()
         return True
 
@@ -68,7 +69,7 @@ class ObjectStore:
         """Forget the object at `key`. No-op (False) if there is none."""
         if self._objects.pop(key, None) is None:
             return False
-        self._changed_at[key] = trio.current_time()
+        self._changed_at[key] = time.monotonic()
         self._bump()
         return True
 
@@ -98,7 +99,7 @@ class ObjectStore:
         return tuple(obj for obj in self._objects.values() if isinstance(obj, Pod))
 
     def changed_at(self, key: ObjectKey) -> float | None:
-        """trio clock time of the last change of `key` (None: never seen)."""
+        """`time.monotonic()` of the last change of `key` (None: never seen)."""
         return self._changed_at.get(key)
 
     @property

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -126,7 +127,7 @@ class ServedVolumes:
             keys = [*_referenced_objects(volume), volume.pod.key]
             changes = [t for t in map(self._store.changed_at, keys) if t is not None]
             if changes:
-                self._observe_propagation(trio.current_time() - max(changes))
+                self._observe_propagation(time.monotonic() - max(changes))
         return inputs
 
     async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> bool:

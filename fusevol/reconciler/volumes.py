@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import trio
+
 from fusevol import layout
 from fusevol.cache.actual import MountedVolume
 from fusevol.errors import VolumeSetupError
@@ -29,8 +31,6 @@ if TYPE_CHECKING:
     from fusevol.model import PodUID
     from fusevol.mount.backend import MountBackend
     from fusevol.projection.downward import NodeAllocatable
-
-import trio
 
 
 class Volumes:
