@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--http-port",
         type=int,
-        default=int(_env("http-port", "9808") or 9808),
+        default=int(_env("http-port", "9842") or 9842),
         help="port of /healthz, /readyz, /metrics and /status (-1: none)",
     )
     run.add_argument(

@@ -48,7 +48,7 @@ class HttpSettings:
     host: str = "0.0.0.0"
     """Address of /healthz, /readyz, /metrics and /status; all interfaces by default, so that
     probes reach it at the pod's IP. Nothing secret is served there."""
-    port: int = 9808
+    port: int = 9842
     """0 picks a free port; a negative port disables the server."""
 
 

@@ -1,0 +1,67 @@
+{{/*
+Names and labels shared by every object of the chart.
+*/}}
+
+{{/* The chart's name, or .Values.nameOverride. */}}
+{{- define "fusevol.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The name of every object: the release name, with the chart name appended unless it already holds
+it; .Values.fullnameOverride replaces both. At most 63 characters (a DNS label).
+*/}}
+{{- define "fusevol.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* Labels that select the DaemonSet's pods; they never change across upgrades. */}}
+{{- define "fusevol.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "fusevol.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every object. */}}
+{{- define "fusevol.labels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "fusevol.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/component: node-agent
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+{{- end }}
+
+{{/* The ServiceAccount the agent runs as. */}}
+{{- define "fusevol.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "fusevol.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The image: repository:tag, the tag defaulting to the chart's appVersion. */}}
+{{- define "fusevol.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The source of pods and objects, checked: exactly one of source.manifests.hostPath and
+source.kubernetes.
+*/}}
+{{- define "fusevol.checkSource" -}}
+{{- if .Values.source.kubernetes }}
+{{- fail "source.kubernetes: the Kubernetes API source of fusevol is not built yet; use source.manifests.hostPath" }}
+{{- end }}
+{{- if not .Values.source.manifests.hostPath }}
+{{- fail "source.manifests.hostPath: set the host directory of manifests to serve" }}
+{{- end }}
+{{- end }}

@@ -1,0 +1,390 @@
+"""helm/fusevol: rendered by Helm's own engine, linted, and every object validated.
+
+Helm runs in-process: PyPI's `helm-python-sdk` binds Helm's Go SDK (a shared library in its
+wheel) with ctypes, so `Chart.render` is `helm template` and `lint` is `helm lint`, values schema
+included, with no `helm` binary. Every rendered object is validated with `kubernetes-validate` in
+strict mode (unknown fields are errors) against the Kubernetes schemas of the oldest version
+`Chart.yaml` allows and of the newest the validator knows. The DaemonSet's arguments are parsed
+by fusevol's own command line parser, so the chart cannot pass a flag the agent lacks.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import kubernetes_validate  # type: ignore[import-untyped]
+import pytest
+import yaml
+
+import fusevol
+from fusevol import app, cli
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "helm" / "fusevol"
+RELEASE = "fusevol"
+NAMESPACE = "kube-system"
+
+Obj = dict[str, Any]
+
+CUSTOM: Obj = {
+    "root": "/srv/fusevol",
+    "source": {"manifests": {"hostPath": "/srv/manifests"}},
+    "httpPort": 19808,
+    "logLevel": "debug",
+    "nodeAllocatable": "cpu=4,memory=8Gi",
+    "image": {"repository": "registry.example/fusevol", "tag": "dev", "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "registry"}],
+    "fullnameOverride": "fv",
+    "tolerations": [
+        {
+            "key": "node-role.kubernetes.io/control-plane",
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        }
+    ],
+    "nodeSelector": {"fusevol.example/agent": "yes"},
+    "affinity": {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]}
+                ]
+            }
+        }
+    },
+    "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "256Mi"}},
+    "extraEnv": [{"name": "TZ", "value": "UTC"}],
+    "extraHostPaths": [
+        {"name": "local-disks", "path": "/mnt/disks"},
+        {"name": "host-data", "path": "/data", "readOnly": True},
+    ],
+    "hostNetwork": False,
+    "dnsPolicy": "ClusterFirst",
+    "priorityClassName": "",
+    "serviceAccount": {"name": "agent", "annotations": {"team": "storage"}},
+    "podAnnotations": {"prometheus.io/scrape": "true"},
+    "podLabels": {"tier": "node"},
+    "terminationGracePeriodSeconds": 120,
+    "livenessProbe": {"periodSeconds": 20, "failureThreshold": 5},
+}
+NO_RBAC: Obj = {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}}
+VALUE_SETS = [
+    pytest.param({}, id="default"),
+    pytest.param(CUSTOM, id="custom"),
+    pytest.param(NO_RBAC, id="no-rbac"),
+]
+
+EXPECTED_RULES = {
+    ("", "pods", "list"),
+    ("", "pods", "watch"),
+    *(
+        ("", resource, verb)
+        for resource in ("configmaps", "secrets", "persistentvolumeclaims", "persistentvolumes")
+        for verb in ("get", "list", "watch")
+    ),
+    ("", "serviceaccounts/token", "create"),
+    ("", "events", "create"),
+    ("", "events", "patch"),
+}
+"""What the Kubernetes API source does (list+watch this node's pods, get/list/watch the objects
+of their volumes, TokenRequest, events), and nothing else."""
+
+
+def _kube_versions() -> list[str]:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    floor = re.fullmatch(r">=\s*(\d+\.\d+\.\d+)(-0)?", chart["kubeVersion"])
+    assert floor is not None, chart["kubeVersion"]
+    return [floor[1], kubernetes_validate.latest_version()]
+
+
+KUBE_VERSIONS = _kube_versions()
+
+
+@pytest.fixture(scope="module")
+def chart() -> Any:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: Obj) -> list[Obj]:
+    manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
+    assert f"{CHART.name}/templates/NOTES.txt" in manifests
+    return [
+        obj
+        for path, text in sorted(manifests.items())
+        if path.endswith(".yaml")
+        for obj in yaml.safe_load_all(text)
+        if obj
+    ]
+
+
+def one(objs: list[Obj], kind: str) -> Obj:
+    [obj] = [o for o in objs if o["kind"] == kind]
+    return obj
+
+
+def named(items: list[Obj], name: str) -> Obj:
+    [item] = [i for i in items if i["name"] == name]
+    return item
+
+
+def merged(values: Obj) -> Obj:
+    """The chart's defaults with `values` over them, as Helm composes them."""
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def merge(base: Obj, over: Obj) -> Obj:
+        out = copy.deepcopy(base)
+        for key, value in over.items():
+            both = isinstance(value, dict) and isinstance(out.get(key), dict)
+            out[key] = merge(out[key], value) if both else value
+        return out
+
+    return merge(defaults, values)
+
+
+# -- rendering -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_renders_the_agent_and_its_permissions(chart: helm.Chart, values: Obj) -> None:
+    objs = render(chart, values)
+    kinds = sorted(o["kind"] for o in objs)
+    if values is NO_RBAC:
+        assert kinds == ["DaemonSet"]
+    else:
+        assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    for obj in objs:
+        if obj["kind"] in ("DaemonSet", "ServiceAccount"):
+            assert obj["metadata"]["namespace"] == NAMESPACE
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPatch) -> None:
+    want = merged(values)
+    root, manifests = want["root"], want["source"]["manifests"]["hostPath"]
+    daemonset = one(render(chart, values), "DaemonSet")
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    volumes, mounts = pod["volumes"], container["volumeMounts"]
+
+    # The command line, read by the agent's own parser.
+    assert container["command"] == ["fusevol"]
+    for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
+        monkeypatch.delenv(name)
+    argv = [arg.replace("$(NODE_NAME)", "node-7") for arg in container["args"]]
+    args = cli._parser().parse_args(argv)
+    assert args.command == "run"
+    assert args.root == Path(root)
+    assert args.node_name == "node-7"
+    assert args.manifests == Path(manifests)
+    assert args.http_port == want["httpPort"]
+    assert args.log_level == want["logLevel"]
+    assert args.node_allocatable == want["nodeAllocatable"]
+    assert named(container["env"], "NODE_NAME")["valueFrom"] == {
+        "fieldRef": {"fieldPath": "spec.nodeName"}
+    }
+
+    # Privileged, with /dev/fuse, the root shared both ways, the manifests read-only.
+    assert container["securityContext"]["privileged"] is True
+    assert named(volumes, "dev-fuse")["hostPath"] == {"path": "/dev/fuse", "type": "CharDevice"}
+    assert named(mounts, "dev-fuse")["mountPath"] == "/dev/fuse"
+    assert named(volumes, "root")["hostPath"] == {"path": root, "type": "DirectoryOrCreate"}
+    assert named(mounts, "root") == {
+        "name": "root",
+        "mountPath": root,
+        "mountPropagation": "Bidirectional",
+    }
+    assert named(volumes, "manifests")["hostPath"] == {"path": manifests, "type": "Directory"}
+    assert named(mounts, "manifests") == {
+        "name": "manifests",
+        "mountPath": manifests,
+        "readOnly": True,
+    }
+    for extra in want["extraHostPaths"]:
+        assert named(volumes, extra["name"])["hostPath"]["path"] == extra["path"]
+        assert named(mounts, extra["name"]) == {
+            "name": extra["name"],
+            "mountPath": extra["path"],
+            "readOnly": extra.get("readOnly", False),
+            "mountPropagation": "HostToContainer",
+        }
+    assert len(volumes) == len(mounts) == 3 + len(want["extraHostPaths"])
+
+    # Probes on the agent's HTTP port.
+    [port] = container["ports"]
+    assert port == {"name": "http", "containerPort": want["httpPort"], "protocol": "TCP"}
+    for probe, path in [
+        ("startup", "/healthz"),
+        ("liveness", "/healthz"),
+        ("readiness", "/readyz"),
+    ]:
+        spec = container[f"{probe}Probe"]
+        assert spec["httpGet"] == {"path": path, "port": "http"}
+        assert {k: spec[k] for k in want[f"{probe}Probe"]} == want[f"{probe}Probe"]
+
+    # Scheduling and the rest, as asked.
+    assert pod.get("tolerations") == (want["tolerations"] or None)
+    assert pod.get("nodeSelector") == (want["nodeSelector"] or None)
+    assert pod.get("affinity") == (want["affinity"] or None)
+    assert container["resources"] == want["resources"]
+    assert pod.get("priorityClassName") == (want["priorityClassName"] or None)
+    assert pod["hostNetwork"] is want["hostNetwork"]
+    assert pod["dnsPolicy"] == want["dnsPolicy"]
+    assert pod["terminationGracePeriodSeconds"] > app.STOP_TIMEOUT_S
+    assert pod["automountServiceAccountToken"] is False  # the manifests source needs no token
+    tag = want["image"]["tag"] or fusevol.__version__
+    assert container["image"] == f"{want['image']['repository']}:{tag}"
+    labels = daemonset["spec"]["selector"]["matchLabels"]
+    assert labels.items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+    assert want["podLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("values", VALUE_SETS[:2])
+def test_rbac_grants_exactly_what_the_api_source_uses(chart: helm.Chart, values: Obj) -> None:
+    objs = render(chart, values)
+    role, binding = one(objs, "ClusterRole"), one(objs, "ClusterRoleBinding")
+    account = one(objs, "ServiceAccount")
+    granted = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    assert granted == EXPECTED_RULES
+    assert all(set(rule) == {"apiGroups", "resources", "verbs"} for rule in role["rules"])
+    standalone = yaml.safe_load((CHART / "files" / "clusterrole.yaml").read_text())
+    assert role["rules"] == standalone["rules"]  # written once, in files/clusterrole.yaml
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": role["metadata"]["name"],
+    }
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
+    ]
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert account["automountServiceAccountToken"] is False
+
+
+def test_an_existing_service_account_is_used_as_named(chart: helm.Chart) -> None:
+    pod = one(render(chart, NO_RBAC), "DaemonSet")["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "existing"
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param(
+            {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}},
+            "the Kubernetes API source of fusevol is not built yet",
+            id="kubernetes-source",
+        ),
+        pytest.param(
+            {"source": {"manifests": {"hostPath": ""}}},
+            "source.manifests.hostPath: set the host directory",
+            id="no-source",
+        ),
+    ],
+)
+def test_a_missing_source_fails_the_render(chart: helm.Chart, values: Obj, message: str) -> None:
+    with pytest.raises(helm.HelmRenderError, match=message):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param({"httpPort": "9842"}, "/httpPort", id="port-type"),
+        pytest.param({"httpPort": 0}, "/httpPort", id="port-range"),
+        pytest.param({"root": "var/lib/fusevol"}, "/root", id="relative-root"),
+        pytest.param({"rooot": "/x"}, "rooot", id="unknown-key"),
+        pytest.param(
+            {"extraHostPaths": [{"name": "root", "path": "/x"}]},
+            "/extraHostPaths/0/name",
+            id="volume-name-taken",
+        ),
+        pytest.param({"logLevel": "verbose"}, "/logLevel", id="log-level"),
+    ],
+)
+def test_the_values_schema_refuses(chart: helm.Chart, values: Obj, message: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(message)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+# -- lint and Kubernetes schemas -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_lint_is_clean(values: Obj, kube_version: str) -> None:
+    report = helm.lint(CHART, values, strict=True, kube_version=f"v{kube_version}")
+    assert report["errors"] == []
+    # Severity 1 is information ("icon is recommended": this project publishes no icon).
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+    assert report["total_charts_linted"] == 1
+
+
+def test_lint_reports_bad_values() -> None:
+    report = helm.lint(CHART, {"httpPort": "x"}, strict=True)
+    assert any("/httpPort" in error for error in report["errors"])
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_every_object_is_valid_kubernetes(chart: helm.Chart, values: Obj, kube_version: str):
+    for obj in render(chart, values):
+        kubernetes_validate.validate(obj, kube_version, strict=True)
+
+
+@pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
+def test_the_standalone_clusterrole_is_valid_kubernetes(kube_version: str) -> None:
+    role = yaml.safe_load((CHART / "files" / "clusterrole.yaml").read_text())
+    assert role["kind"] == "ClusterRole"
+    kubernetes_validate.validate(role, kube_version, strict=True)
+
+
+def test_the_validator_refuses_a_misspelt_field(chart: helm.Chart) -> None:
+    daemonset = one(render(chart, {}), "DaemonSet")
+    mount = daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
+    mount["mountPropogation"] = mount.pop("mountPropagation")
+    with pytest.raises(kubernetes_validate.ValidationError, match="mountPropogation"):
+        kubernetes_validate.validate(daemonset, KUBE_VERSIONS[-1], strict=True)
+
+
+# -- documentation and agreement with the rest of the project --------------------------------------
+
+
+def test_every_value_is_documented_and_in_the_schema(chart: helm.Chart) -> None:
+    readme = (CHART / "README.md").read_text()
+    schema = chart.schema
+    assert schema is not None
+
+    def documented(values: Obj, properties: Obj, prefix: str) -> list[str]:
+        missing = []
+        assert set(values) <= set(properties), f"not in values.schema.json: {prefix}{set(values)}"
+        for key, value in values.items():
+            nested = properties[key].get("properties")
+            if isinstance(value, dict) and nested:
+                missing += documented(value, nested, f"{prefix}{key}.")
+            elif f"`{prefix}{key}`" not in readme:
+                missing.append(prefix + key)
+        return missing
+
+    assert documented(chart.values, schema["properties"], "") == []
+
+
+def test_versions_root_and_port_agree_with_the_agent_and_the_unit(chart: helm.Chart) -> None:
+    assert chart.metadata["appVersion"] == fusevol.__version__
+    env = dict(
+        re.findall(r"^(FUSEVOL_\w+)=(.*)$", (REPO / "systemd/fusevol.env").read_text(), re.M)
+    )
+    assert chart.values["root"] == cli.DEFAULT_ROOT == env["FUSEVOL_ROOT"]
+    assert str(chart.values["httpPort"]) == env["FUSEVOL_HTTP_PORT"]
+    assert cli._parser().parse_args(["run"]).http_port == chart.values["httpPort"]
