@@ -99,6 +99,14 @@ class Agent:
             on_done=lambda: self.reconciler.kick(),
             on_finished=self._observe_operation,
         )
+        self.volumes = Volumes(
+            root=root,
+            store=self.store,
+            publisher=self.publisher,
+            backend=self.backend,
+            allocatable=node_allocatable(settings.node_allocatable),
+            observe_propagation=self.metrics.update_propagation.observe,
+        )
         self.status = StatusReporter(
             root=root,
             node_name=settings.node_name,
@@ -106,6 +114,7 @@ class Agent:
             actual=self.actual,
             executor=self.executor,
             statistics=self.statistics,
+            object_versions=self.volumes.object_versions,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -113,14 +122,7 @@ class Agent:
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
-            volumes=Volumes(
-                root=root,
-                store=self.store,
-                publisher=self.publisher,
-                backend=self.backend,
-                allocatable=node_allocatable(settings.node_allocatable),
-                observe_propagation=self.metrics.update_propagation.observe,
-            ),
+            volumes=self.volumes,
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
         )

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.cache.actual import ActualState
-    from fusevol.cache.desired import DesiredState
+    from fusevol.cache.desired import DesiredState, VolumeToServe
     from fusevol.model import UniqueVolumeName
     from fusevol.reconciler.executor import Executor
 
@@ -38,6 +38,7 @@ class StatusReporter:
         actual: ActualState,
         executor: Executor,
         statistics: Callable[[], dict[str, Any]] = dict,
+        object_versions: Callable[[VolumeToServe], dict[str, str | None]] = lambda _: {},
         min_interval_s: float = 0.2,
     ) -> None:
         """`statistics`: the components' counters, included in every snapshot."""
@@ -47,6 +48,7 @@ class StatusReporter:
         self._actual = actual
         self._executor = executor
         self._statistics = statistics
+        self._object_versions = object_versions
         self._min_interval_s = min_interval_s
         self._dirty = trio.Event()
 
@@ -75,6 +77,7 @@ class StatusReporter:
         for volume in self._desired.volumes_to_serve():
             entry = pods[volume.pod.uid]["volumes"]
             entry[volume.volume.name] = self._volume(volume.name, volume.volume.name, now)
+            entry[volume.volume.name]["objects"] = self._object_versions(volume)
             entry[volume.volume.name]["type"] = (
                 volume.plugin.short_name if volume.plugin else "unresolved"
             )
@@ -122,6 +125,7 @@ class StatusReporter:
             "unique_name": name,
             "state": state,
             "path": str(mounted.path) if mounted else None,
+            "updated_at": mounted.updated_at if mounted else None,
             "last_error": error or None,
             "next_retry_in_s": None if retry_in is None else round(retry_in, 3),
         }
@@ -143,7 +147,12 @@ def render(status: dict[str, Any]) -> str:
         title = f"{pod['namespace']}/{pod['name']}" if pod["name"] else "(pod gone)"
         lines.append(f"pod {title} uid={pod['uid']}")
         for volume in pod["volumes"]:
-            line = f"  {volume['name']:<24} {volume['type']:<12} {volume['state']}"
+            line = f"  {volume['name']:<24} {volume['type']:<12} {volume['state']:<14}"
+            versions = volume.get("objects") or {}
+            if versions:
+                line += " " + ",".join(f"{k}@{v or 'missing'}" for k, v in versions.items())
+            if volume.get("updated_at"):
+                line += f"  updated {time.time() - volume['updated_at']:.0f}s ago"
             if volume["last_error"]:
                 line += f"  error: {volume['last_error']}"
             if volume["next_retry_in_s"] is not None:

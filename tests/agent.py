@@ -91,6 +91,7 @@ class AgentProcess:
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         log.close()
         wait_for(lambda: self._exited_early() or " ready " in self.log_text(), timeout_s=20)
+        wait_for(layout.status_file(self.root).exists)
         return self
 
     def _exited_early(self) -> bool:

@@ -38,6 +38,8 @@ class MountedVolume:
     inputs: Hashable
     """What the content was built from; a refresh is due when the desired inputs differ."""
     state: MountState = MountState.MOUNTED
+    updated_at: float | None = None
+    """Wall-clock time (`time.time()`) of the last set-up or refresh; None if reconstructed."""
 
 
 class ActualState:

@@ -174,6 +174,12 @@ class ServedVolumes:
             case _:
                 raise VolumeSetupError(f"volume {volume.volume.name!r}: not served from memory")
 
+    def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
+        """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
+        return dict(
+            zip(map(str, _referenced_objects(volume)), self._object_versions(volume), strict=True)
+        )
+
     def _object_versions(self, volume: VolumeToServe) -> tuple[str | None, ...]:
         versions = []
         for key in _referenced_objects(volume):

@@ -9,6 +9,8 @@ A volume the populator could not resolve (unsupported type, unbound claim) fails
 
 from __future__ import annotations
 
+import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 import trio
@@ -63,6 +65,12 @@ class Volumes:
             return self.served.inputs(volume)
         return (volume.source, volume.read_only, volume.mount_options)
 
+    def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
+        """The resourceVersion of every object the volume is built from (None: missing)."""
+        if volume.plugin is None or not volume.plugin.served_from_memory:
+            return {}
+        return self.served.object_versions(volume)
+
     async def set_up(self, volume: VolumeToServe) -> MountedVolume:
         plugin = _require_plugin(volume)
         if plugin.served_from_memory:
@@ -71,16 +79,22 @@ class Volumes:
         else:
             inputs = self.inputs(volume)
             path = await self.mounted.set_up(volume)
-        return MountedVolume(volume.name, plugin, volume.pod.uid, volume.spec_name, path, inputs)
+        return MountedVolume(
+            volume.name,
+            plugin,
+            volume.pod.uid,
+            volume.spec_name,
+            path,
+            inputs,
+            updated_at=time.time(),
+        )
 
     async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
         if mounted.plugin.served_from_memory:
             inputs = await self.served.refresh(volume)
         else:
             inputs = self.inputs(volume)
-        return MountedVolume(
-            mounted.name, mounted.plugin, mounted.pod_uid, mounted.spec_name, mounted.path, inputs
-        )
+        return dataclasses.replace(mounted, inputs=inputs, updated_at=time.time())
 
     async def tear_down(self, mounted: MountedVolume) -> None:
         if mounted.plugin.served_from_memory:

@@ -18,7 +18,7 @@ def test_sigterm_unmounts_everything(agent: AgentProcess) -> None:
     agent.stop()
     assert mounts_below(agent.root) == []
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        assert "fusevol" not in f.read()
+        assert str(agent.root) not in f.read()
     assert not (agent.root / "pods" / POD_UID).exists()
 
 
@@ -62,3 +62,9 @@ def test_status_lists_pods_and_volumes(agent: AgentProcess) -> None:
     assert "mounted" in text
     assert "creds" in text
     assert "secret" in text
+    assert "configmap default/app@" in text
+    assert "secret default/creds@" in text
+    assert "updated " in text
+    volume = agent.volume_status(POD_UID, "config")
+    assert list(volume["objects"]) == ["configmap default/app"]  # type: ignore[call-overload]
+    assert isinstance(volume["updated_at"], float)

@@ -136,7 +136,7 @@ def test_200_pods_with_3_volumes_leave_nothing_behind(tmp_path: Path) -> None:
         wait_for(
             lambda: agent.snapshot()["statistics"]["fuse_tree"]["nodes"] == baseline, timeout_s=10
         )
-        assert agent.snapshot()["statistics"]["executor"]["pending"] == 0
+        wait_for(lambda: agent.snapshot()["statistics"]["executor"]["pending"] == 0)
         agent.stop()
 
 
