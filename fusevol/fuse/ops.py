@@ -10,6 +10,16 @@ data or attributes is EROFS for all.
 Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
 structural change goes through the VFS, which keeps the kernel's caches right by itself.
+
+The fast read path (FUSE.md fact 4) needs fusevol's patched pyfuse3 (`patches/pyfuse3`, installed
+by `.ci/install-pyfuse3`); with stock pyfuse3 everything works as before, only slower. It lets the
+kernel cache symlink targets, and open files without asking: once `open` has answered ENOSYS, the
+kernel sends no more open or release requests for any file, and `read` is given the inode, which
+is also the handle `open` returns otherwise. A hot open+read+close of `vol/key` then costs no
+request at all. The kernel no longer asks before a write open either: through the pods' read-only
+binds such opens still fail (the VFS refuses them); through the agent's own mount an open with
+O_TRUNC fails in `setattr`, and any other write open succeeds and then fails in `write`. All
+answer EROFS, and no byte can change.
 """
 
 from __future__ import annotations
@@ -35,10 +45,23 @@ _R = TypeVar("_R")
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
 
+def negotiated_capabilities() -> frozenset[str]:
+    """The optional FUSE capabilities in effect (`cache_symlinks`, `no_open_support`, ...).
+
+    Empty with stock pyfuse3, which cannot tell, and before the kernel's INIT request."""
+    negotiated = getattr(pyfuse3, "negotiated_capabilities", None)
+    return frozenset() if negotiated is None else frozenset(negotiated())
+
+
 class Operations(pyfuse3.Operations):
     supports_dot_lookup = True
     enable_writeback_cache = False
     enable_acl = False
+    enable_symlink_cache = True
+    """Symlinks never change (a new version brings new symlink inodes): the kernel may keep their
+    targets. Read by the patched pyfuse3 only, like `enable_no_open`."""
+    enable_no_open = True
+    """`open` may answer ENOSYS, after which the kernel opens files by itself (module docstring)."""
 
     def __init__(
         self,
@@ -56,6 +79,16 @@ class Operations(pyfuse3.Operations):
         self.requests: collections.Counter[str] = collections.Counter()
         """Requests answered, by handler name: plain integers, read by the metrics at scrape."""
         self.read_bytes = 0
+        self.capabilities: frozenset[str] = frozenset()
+        """The optional FUSE capabilities negotiated at INIT (`init`); empty with stock pyfuse3."""
+
+    def init(self) -> None:
+        """Called by pyfuse3 once the kernel's INIT request has fixed the capabilities."""
+        self.capabilities = negotiated_capabilities()
+        log.info(
+            "FUSE capabilities negotiated %s",
+            " ".join(sorted(self.capabilities)) or "(none known: stock pyfuse3)",
+        )
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -87,9 +120,12 @@ class Operations(pyfuse3.Operations):
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         _call(self._tree.__getitem__, inode)
+        if "no_open_support" in self.capabilities:
+            raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel opens files itself from now on
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        """`fh` is the inode: the handle `open` returns, or what pyfuse3 passes without an open."""
         self.requests["read"] += 1
         data = _call(self._tree.__getitem__, fh).data[off : off + size]
         self.read_bytes += len(data)

@@ -102,6 +102,15 @@ def mount() -> Mount:
     return Mount(tree, ops, volume, version)
 
 
+@pytest.fixture
+def no_open(mount: Mount, monkeypatch: pytest.MonkeyPatch) -> Mount:
+    """`mount` after an INIT that negotiated the fast read path (patched pyfuse3, recent kernel)."""
+    negotiated = frozenset({"export_support", "cache_symlinks", "no_open_support"})
+    monkeypatch.setattr(pyfuse3, "negotiated_capabilities", lambda: negotiated, raising=False)
+    mount.ops.init()
+    return mount
+
+
 async def fuse_errno(call: Awaitable[object]) -> int:
     with pytest.raises(pyfuse3.FUSEError) as info:
         await call
@@ -194,16 +203,16 @@ async def test_readlink_returns_the_target(mount: Mount) -> None:
     )
 
 
-@pytest.mark.parametrize(
-    "flags",
-    [
-        pytest.param(os.O_WRONLY, id="O_WRONLY"),
-        pytest.param(os.O_RDWR, id="O_RDWR"),
-        pytest.param(os.O_RDONLY | os.O_TRUNC, id="O_TRUNC"),
-        pytest.param(os.O_RDONLY | os.O_APPEND, id="O_APPEND"),
-        pytest.param(os.O_WRONLY | os.O_CREAT, id="O_CREAT"),
-    ],
-)
+WRITE_FLAGS = [
+    pytest.param(os.O_WRONLY, id="O_WRONLY"),
+    pytest.param(os.O_RDWR, id="O_RDWR"),
+    pytest.param(os.O_RDONLY | os.O_TRUNC, id="O_TRUNC"),
+    pytest.param(os.O_RDONLY | os.O_APPEND, id="O_APPEND"),
+    pytest.param(os.O_WRONLY | os.O_CREAT, id="O_CREAT"),
+]
+
+
+@pytest.mark.parametrize("flags", WRITE_FLAGS)
 async def test_open_for_writing_is_erofs(mount: Mount, flags: int) -> None:
     assert await fuse_errno(mount.ops.open(ino(mount.file().inode), flags, OTHER)) == errno.EROFS
 
@@ -218,6 +227,37 @@ async def test_open_for_writing_is_erofs(mount: Mount, flags: int) -> None:
 async def test_open_read_only_keeps_the_page_cache(mount: Mount, flags: int) -> None:
     info = await mount.ops.open(ino(mount.file().inode), flags, OTHER)
     assert (info.fh, info.keep_cache) == (mount.file().inode, True)
+
+
+async def test_init_records_the_negotiated_capabilities(no_open: Mount) -> None:
+    assert no_open.ops.capabilities == {"export_support", "cache_symlinks", "no_open_support"}
+
+
+async def test_stock_pyfuse3_negotiates_nothing_known(
+    mount: Mount, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delattr(pyfuse3, "negotiated_capabilities", raising=False)
+    mount.ops.init()
+    assert mount.ops.capabilities == frozenset()
+    assert (await mount.ops.open(ino(mount.file().inode), os.O_RDONLY, OTHER)).fh == (
+        mount.file().inode
+    )
+
+
+async def test_with_no_open_a_read_only_open_hands_opening_to_the_kernel(no_open: Mount) -> None:
+    node = no_open.file()
+    assert await fuse_errno(no_open.ops.open(ino(node.inode), os.O_RDONLY, OTHER)) == errno.ENOSYS
+    assert await no_open.ops.read(fh(node.inode), 0, 6) == b"listen"  # pyfuse3 passes the inode
+
+
+@pytest.mark.parametrize("flags", WRITE_FLAGS)
+async def test_with_no_open_an_open_for_writing_is_still_erofs(no_open: Mount, flags: int) -> None:
+    node = no_open.file()
+    assert await fuse_errno(no_open.ops.open(ino(node.inode), flags, OTHER)) == errno.EROFS
+
+
+async def test_with_no_open_a_missing_inode_is_still_enoent(no_open: Mount) -> None:
+    assert await fuse_errno(no_open.ops.open(ino(MISSING), os.O_RDONLY, OTHER)) == errno.ENOENT
 
 
 @pytest.mark.parametrize(

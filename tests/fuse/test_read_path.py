@@ -1,0 +1,137 @@
+"""The fast read path (FUSE.md fact 4): with fusevol's patched pyfuse3, the kernel caches symlink
+targets and opens files without asking, so a hot open+read+close of `vol/key` makes no request.
+
+Runs only with the patched pyfuse3 (`.ci/install-pyfuse3`); stock pyfuse3 cannot request either
+capability, and the other tests cover it.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import importlib.metadata
+import os
+import re
+from typing import TYPE_CHECKING
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from fusevol.fuse.session import has_fast_read_path
+from tests.agent import wait_for, write_atomically
+from tests.fuse.conftest import POD_UID, configmap
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from tests.agent import AgentProcess
+
+pytestmark = pytest.mark.skipif(
+    not has_fast_read_path(),
+    reason=f"stock pyfuse3 {importlib.metadata.version('pyfuse3')} is installed: it cannot request "
+    "symlink caching or no_open (.ci/install-pyfuse3 installs fusevol's patched build)",
+)
+
+HOT_READS = 100
+NO_REQUEST = ("lookup", "getattr", "readlink", "open", "read", "release")
+"""What a hot read would cost without the fast read path (FUSE.md fact 4, timeouts 0)."""
+
+
+def fuse_requests(agent: AgentProcess) -> collections.Counter[str]:
+    """`fusevol_fuse_requests_total` by operation, from the agent's /metrics."""
+    families = text_string_to_metric_families(agent.http_get("/metrics")[1])
+    return collections.Counter(
+        {
+            sample.labels["operation"]: int(sample.value)
+            for family in families
+            if family.name == "fusevol_fuse_requests"
+            for sample in family.samples
+            if sample.name == "fusevol_fuse_requests_total"
+        }
+    )
+
+
+def hot_read(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 4096)
+    finally:
+        os.close(fd)
+
+
+def requests_during_hot_reads(agent: AgentProcess, path: Path, expected: bytes) -> dict[str, int]:
+    """Warm up, then read `path` HOT_READS times: the requests the agent answered meanwhile."""
+    for _ in range(3):
+        assert hot_read(path) == expected
+    before = fuse_requests(agent)
+    for _ in range(HOT_READS):
+        assert hot_read(path) == expected
+    return {op: n for op, n in (fuse_requests(agent) - before).items() if op in NO_REQUEST}
+
+
+@pytest.fixture
+def capabilities(agent: AgentProcess) -> set[str]:
+    match = re.search(r"FUSE capabilities negotiated (.*)", agent.log_text())
+    assert match, "the agent logged no negotiated capabilities"
+    negotiated = set(match[1].split())
+    if not {"cache_symlinks", "no_open_support"} <= negotiated:
+        pytest.skip(f"the kernel does not offer symlink caching and no_open: {match[1]}")
+    return negotiated
+
+
+@pytest.mark.usefixtures("capabilities")
+def test_hot_reads_make_no_request(agent: AgentProcess) -> None:
+    key = agent.volume(POD_UID, "configmap", "config") / "a"
+    assert requests_during_hot_reads(agent, key, b"1") == {}
+
+
+@pytest.mark.usefixtures("capabilities")
+def test_a_new_version_is_read_then_cached_again(agent: AgentProcess, manifests: Path) -> None:
+    volume = agent.volume(POD_UID, "configmap", "config")
+    assert requests_during_hot_reads(agent, volume / "a", b"1") == {}
+
+    write_atomically(manifests / "configmap.yaml", configmap(a="2"))
+    wait_for(lambda: (volume / "a").read_text() == "2")
+
+    assert requests_during_hot_reads(agent, volume / "a", b"2") == {}
+
+
+def _write_errno(path: Path, flags: int) -> int:
+    """The errno of open(path, flags) or, if that succeeds, of a write through it (0: none)."""
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        return exc.errno or 0
+    try:
+        os.write(fd, b"x")
+    except OSError as exc:
+        return exc.errno or 0
+    finally:
+        os.close(fd)
+    return 0
+
+
+WRITE_FLAGS = [
+    pytest.param(os.O_WRONLY, id="O_WRONLY"),
+    pytest.param(os.O_RDWR, id="O_RDWR"),
+    pytest.param(os.O_WRONLY | os.O_APPEND, id="O_APPEND"),
+    pytest.param(os.O_WRONLY | os.O_TRUNC, id="O_TRUNC"),
+]
+
+
+@pytest.mark.usefixtures("capabilities")
+@pytest.mark.parametrize("flags", WRITE_FLAGS)
+def test_without_open_requests_writes_are_still_erofs(agent: AgentProcess, flags: int) -> None:
+    """The kernel no longer asks `open` once it has answered ENOSYS, whatever the flags. A pod's
+    read-only bind refuses the open itself; on the agent's own mount the O_TRUNC `setattr` or the
+    `write` is refused. The content never changes."""
+    in_pod = agent.volume(POD_UID, "configmap", "config") / "a"
+    in_mount = agent.fuse_mountpoint() / f"{POD_UID}_config" / "a"
+    assert hot_read(in_pod) == b"1"  # answered ENOSYS: no open requests from now on
+
+    with pytest.raises(OSError, match="Read-only file system"):
+        os.open(in_pod, flags)
+    assert _write_errno(in_mount, flags) == errno.EROFS
+
+    assert hot_read(in_pod) == hot_read(in_mount) == b"1"
+    assert os.stat(in_mount).st_size == 1
