@@ -1,0 +1,105 @@
+"""Manifests that take the whole agent down or stall it, dropped into a running agent.
+
+Each gets its own agent: today each of them ends the agent (and with it every served volume: its
+FUSE mount dies) or stops it answering for seconds, so they cannot share the module agent of
+`test_bad_input_agent`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from tests.agent import wait_for
+from tests.faults.support import (
+    HEALTHY_FILES,
+    HEALTHY_UID,
+    LogTail,
+    agent_on,
+    healthy_snapshots,
+    needs_fuse,
+    read_within,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+pytestmark = needs_fuse
+
+CRASHING = [
+    pytest.param("kind.yaml", b"kind: [ConfigMap]\nmetadata: {name: x}\n", id="unhashable-kind"),
+    pytest.param(
+        "stamp.yaml",
+        b"kind: ConfigMap\nmetadata: {name: x}\nx: !!timestamp y\n",
+        id="timestamp-tag",
+    ),
+    pytest.param(
+        "digits.json", b'{"kind": "ConfigMap", "n": ' + b"7" * 5000 + b"}", id="json-5000-digits"
+    ),
+]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="BUG: parse_manifest raises TypeError/AttributeError/ValueError for these; "
+    "ManifestSource._read_files catches only ManifestError, so the source task dies and "
+    "takes the whole agent down",
+)
+@pytest.mark.parametrize(("name", "content"), CRASHING)
+def test_agent_survives_a_file_the_parser_chokes_on(
+    manifests: Path, tmp_path: Path, name: str, content: bytes
+) -> None:
+    with agent_on(manifests, tmp_path / "root") as agent:
+        agent.wait_state(HEALTHY_UID, "config", "mounted")
+        agent.wait_state(HEALTHY_UID, "creds", "mounted")
+        before = healthy_snapshots(agent)
+        tail = LogTail(agent.log_path)
+        (manifests / name).write_bytes(content)
+        assert agent.process is not None
+
+        def rejected_or_dead() -> str | None:
+            tail.read_new()
+            if agent.process is not None and agent.process.poll() is not None:
+                return "dead"
+            return (
+                "rejected"
+                if f"manifest rejected, keeping its previous objects: {manifests / name}"
+                in tail.text
+                else None
+            )
+
+        outcome = wait_for(rejected_or_dead, timeout_s=10)
+        assert outcome == "rejected", tail.text[-2000:]
+        assert healthy_snapshots(agent) == before
+        assert set(HEALTHY_FILES) == set(before)
+        os.unlink(manifests / name)
+        agent.stop()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="BUG: _reader._QUANTITY backtracks quadratically on a long non-quantity "
+    "('1' * 30000 + 'x': ~3.5 s, 100 KB: ~40 s); `re` holds the GIL in the parse thread, "
+    "so the trio thread cannot answer any FUSE request meanwhile",
+)
+def test_long_quantity_does_not_stall_the_served_volumes(manifests: Path, tmp_path: Path) -> None:
+    with agent_on(manifests, tmp_path / "root") as agent:
+        agent.wait_state(HEALTHY_UID, "config", "mounted")
+        volume = agent.volume(HEALTHY_UID, "configmap", "config")
+        tail = LogTail(agent.log_path)
+        (manifests / "quantity.yaml").write_text(
+            "kind: Pod\nmetadata: {name: q}\nspec:\n  containers:\n  - name: c\n"
+            "    resources: {limits: {cpu: '" + "1" * 30_000 + "x'}}\n"
+        )
+        time.sleep(0.3)  # the agent is parsing it now
+        try:
+            assert read_within(volume / "b", timeout_s=1.0) == b"beta"
+        finally:
+            line = tail.wait_line("manifest rejected", "quantity.yaml", timeout_s=60)
+            assert "limits" in line
+            agent.stop()
