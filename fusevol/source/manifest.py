@@ -77,6 +77,8 @@ class _StrictLoader(_SafeLoader):
     """The safe loader, refusing duplicate mapping keys as kubectl does ("already set in map")."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!set |`, `!!omap x`: the base class says so
+            return super().construct_mapping(node, deep=deep)
         seen: set[object] = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -96,6 +98,20 @@ class _StrictLoader(_SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's constructors fail on a bad tagged scalar (`!!int ''`, `!!bool x`,
+        `!!timestamp 2024-13-01`) with whatever Python raises, its message quoting the value: that
+        becomes a ConstructorError at the node, naming the tag only (the value may be a secret)."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except _CONSTRUCTOR_FAILURES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"not a valid {node.tag} value", node.start_mark
+            ) from None
+
+
+_CONSTRUCTOR_FAILURES = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError)
+
 
 def _load(text: bytes, *, origin: str) -> list[object]:
     try:
@@ -110,6 +126,8 @@ def _load(text: bytes, *, origin: str) -> list[object]:
         except json.JSONDecodeError as exc:
             where = f"line {exc.lineno} column {exc.colno}"
             raise ManifestError(f"{origin}: {where}: invalid JSON: {exc.msg}") from None
+        except ValueError:  # int()'s limit: a number of over 4300 digits
+            raise ManifestError(f"{origin}: invalid JSON: a number has too many digits") from None
     try:
         _check_depth(source, origin=origin)
         return list(yaml.load_all(source, Loader=_StrictLoader))
@@ -122,8 +140,12 @@ def _load(text: bytes, *, origin: str) -> list[object]:
         ) from None
     except RecursionError:
         raise ManifestError(f"{origin}: invalid YAML: nested too deeply") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp such as 2024-13-01
+    except yaml.YAMLError as exc:  # unmarked: the reader's "unacceptable character #x0000"
         raise ManifestError(f"{origin}: invalid YAML: {exc}") from None
+    except _CONSTRUCTOR_FAILURES:  # in the second half of a collection's constructor: no node
+        raise ManifestError(
+            f"{origin}: invalid YAML: a tagged value cannot be constructed"
+        ) from None
 
 
 def _check_depth(source: str, *, origin: str) -> None:
@@ -178,8 +200,9 @@ class _Header:
 
 
 def _convert(document: Mapping[object, object], *, origin: str, where: str) -> KubeObject | None:
-    kind = document.get("kind")
-    api_version = document.get("apiVersion", "v1")
+    document_reader = Reader(origin, where)
+    kind = document_reader.string(document.get("kind"), "kind")  # as the API decodes: a string
+    api_version = document_reader.string(document.get("apiVersion", "v1"), "apiVersion")
     if kind not in _KINDS or api_version != "v1":
         log.debug("%s: %s: skipped kind=%r apiVersion=%r", origin, where, kind, api_version)
         return None
@@ -341,6 +364,7 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         ),
         fs_group=r.user_id(security.get("fsGroup"), "spec.securityContext.fsGroup"),
         run_as_user=r.user_id(security.get("runAsUser"), "spec.securityContext.runAsUser"),
+        origin=r.origin,
     )
 
 
