@@ -290,6 +290,9 @@ class Pod:
     fs_group: int | None = None
     run_as_user: int | None = None
     """`spec.securityContext.runAsUser`: the default for containers that set none."""
+    origin: str = field(default="", compare=False)
+    """Where the pod was read, for error lines: its manifest file; empty from the API server.
+    Not part of the pod's content: moving a pod to another file changes nothing."""
 
     @property
     def key(self) -> ObjectKey:

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from fusevol.cache.actual import ActualState, MountedVolume
     from fusevol.cache.desired import DesiredState, VolumeToServe
     from fusevol.cache.store import ObjectStore
-    from fusevol.model import UniqueVolumeName
+    from fusevol.model import Pod, UniqueVolumeName
     from fusevol.populator import Populator
     from fusevol.reconciler.executor import Executor
     from fusevol.reconciler.volumes import Volumes
@@ -106,6 +106,7 @@ class Reconciler:
                     "mount",
                     functools.partial(self._mount, volume),
                     inputs=self._volumes.inputs(volume),
+                    subject=_subject(volume.pod),
                 )
 
     def refresh(self) -> None:
@@ -116,7 +117,9 @@ class Reconciler:
             inputs = self._volumes.inputs(volume)
             if inputs != mounted.inputs:
                 refresh = functools.partial(self._refresh, volume, mounted)
-                self._start(volume.name, "refresh", refresh, inputs=inputs)
+                self._start(
+                    volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
+                )
 
     async def unmount_all(self) -> None:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
@@ -154,9 +157,10 @@ class Reconciler:
         run: Callable[[], Awaitable[None]],
         *,
         inputs: Hashable = None,
+        subject: str = "",
     ) -> None:
         try:
-            self._executor.start(name, operation, run, inputs=inputs)
+            self._executor.start(name, operation, run, inputs=inputs, subject=subject)
         except FusevolError as exc:
             if not is_expected(exc):
                 raise
@@ -168,3 +172,9 @@ class Reconciler:
             await self._store.wait_changed(generation)
             generation = self._store.generation
             self.kick()
+
+
+def _subject(pod: Pod) -> str:
+    """`pod=ns/name file=...`: whom a failed operation concerns, for its error line."""
+    origin = f" file={pod.origin}" if pod.origin else ""
+    return f"pod={pod.namespace}/{pod.name}{origin}"

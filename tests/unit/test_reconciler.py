@@ -159,8 +159,9 @@ class RecordingExecutor(Executor):
         run: Callable[[], Awaitable[None]],
         *,
         inputs: Hashable = None,
+        subject: str = "",
     ) -> None:
-        super().start(name, operation, run, inputs=inputs)
+        super().start(name, operation, run, inputs=inputs, subject=subject)
         self.started.append((operation, name))
 
 
