@@ -9,6 +9,7 @@ import ctypes
 import errno
 import os
 import random
+import select
 import signal
 import struct
 import subprocess
@@ -379,7 +380,10 @@ class RequestThief:
     def _run(self) -> None:
         while True:
             try:
+                select.select([self._fd], [], [])  # the agent's fd is non-blocking (shared flags)
                 data = os.read(self._fd, 1 << 21)
+            except BlockingIOError:
+                continue  # the agent read it first
             except OSError:
                 return  # the connection was aborted
             _, opcode, unique, _, _, _, sender = _FUSE_IN_HEADER.unpack_from(data)
