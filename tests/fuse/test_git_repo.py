@@ -173,6 +173,9 @@ def test_set_up_once_per_pod_and_adopted_after_kill_9(
             second_agent.wait_state(uid(1), "code", "mounted", timeout_s=30)
             assert (code / "written-by-the-pod").read_text() == "kept"
             assert head(code) == second
+            # Adopted volumes are torn down with their pod like any other.
+            (manifests / "pod.yaml").unlink()
+            wait_for(lambda: not (root / "pods" / uid(1)).exists(), timeout_s=10)
             second_agent.stop()
 
 
