@@ -35,11 +35,13 @@ class Kind(enum.Enum):
     SECRET = "Secret"
     PERSISTENT_VOLUME = "PersistentVolume"
     PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
+    STORAGE_CLASS = "StorageClass"
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectKey:
-    """Identity of an object; cluster-scoped ones (PersistentVolume) have namespace ""."""
+    """Identity of an object; cluster-scoped ones (PersistentVolume, StorageClass) have namespace
+    ""."""
 
     kind: Kind
     namespace: str
@@ -222,6 +224,17 @@ class LocalVolumeSource:
 
 
 @dataclass(frozen=True, slots=True)
+class GitRepoVolumeSource:
+    """`gitRepo`: an emptyDir into which `git clone` runs once per pod (kubelet's git_repo)."""
+
+    repository: str
+    revision: str = ""
+    directory: str = ""
+    """Where to clone inside the volume: "" (git's default name), "." (the volume root) or a
+    directory name."""
+
+
+@dataclass(frozen=True, slots=True)
 class UnsupportedVolumeSource:
     """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
 
@@ -237,6 +250,7 @@ VolumeSource = (
     | HostPathVolumeSource
     | EmptyDirVolumeSource
     | PersistentVolumeClaimVolumeSource
+    | GitRepoVolumeSource
     | UnsupportedVolumeSource
 )
 
@@ -311,6 +325,12 @@ class PersistentVolume:
     storage_class_name: str = ""
     node_names: tuple[str, ...] = ()
     """Hostnames of its required node affinity (local volumes), empty if none."""
+    claim_uid: str = ""
+    """`spec.claimRef.uid`: a claim of the same name but another uid is not this volume's."""
+    reclaim_policy: str = ""
+    """`spec.persistentVolumeReclaimPolicy`: Delete, Retain (or Recycle), "" if not given."""
+    capacity: str = ""
+    """`spec.capacity.storage`, a quantity: recorded, not enforced."""
 
     @property
     def key(self) -> ObjectKey:
@@ -326,13 +346,36 @@ class PersistentVolumeClaim:
     """`spec.volumeName`: the bound PersistentVolume, empty while unbound."""
     storage_class_name: str = ""
     read_only: bool = False
+    uid: str = ""
+    """`metadata.uid`; "" for a manifest claim that gives none."""
+    storage_request: str = ""
+    """`spec.resources.requests.storage`, a quantity."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> ObjectKey:
         return ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, self.namespace, self.name)
 
 
-KubeObject = Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim
+@dataclass(frozen=True, slots=True)
+class StorageClass:
+    """A `storage.k8s.io/v1` StorageClass (cluster-scoped): who provisions its claims, and how."""
+
+    name: str
+    resource_version: ResourceVersion
+    provisioner: str
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    reclaim_policy: str = "Delete"
+    """The API's default: Delete."""
+    volume_binding_mode: str = "Immediate"
+    """The API's default: Immediate (WaitForFirstConsumer delays binding until a pod uses it)."""
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.STORAGE_CLASS, "", self.name)
+
+
+KubeObject = Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim | StorageClass
 
 
 # -- what a volume shows ---------------------------------------------------------------------------

@@ -31,12 +31,13 @@ from fusevol.model import (
     PersistentVolumeClaim,
     Pod,
     Secret,
+    StorageClass,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_T = TypeVar("_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim)
+_T = TypeVar("_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim, StorageClass)
 
 
 @dataclass(frozen=True, slots=True)

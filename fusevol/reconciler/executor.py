@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FINAL_OPERATIONS = frozenset({"unmount"})
-"""Operations after whose success the volume is gone: its history is dropped with it."""
+FINAL_OPERATIONS = frozenset({"unmount", "provision", "reclaim"})
+"""Operations after whose success there is nothing left to do (the volume is gone, the claim
+bound, the released volume dealt with): their history is dropped."""
 
 
 @dataclass(slots=True)

@@ -279,8 +279,8 @@ SETUP_ERRORS = [
         id="path-nul",
     ),
     pytest.param(
-        "    - {name: bad, gitRepo: {repository: 'https://example.com/x'}}\n",
-        "volume type 'gitRepo' is not supported by fusevol",
+        "    - {name: bad, cephfs: {monitors: ['10.0.0.1:6789']}}\n",
+        "volume type 'cephfs' is not supported by fusevol",
         id="unknown-volume-type",
     ),
     pytest.param(

@@ -279,9 +279,9 @@ def test_ten_thousand_keys_are_accepted() -> None:
 
 
 def test_unknown_volume_type_is_parsed_as_unsupported() -> None:
-    (obj,) = parse_manifest(pod("{name: v, gitRepo: {repository: x}}").encode(), origin=ORIGIN)
+    (obj,) = parse_manifest(pod("{name: v, cephfs: {monitors: [x]}}").encode(), origin=ORIGIN)
     assert isinstance(obj, Pod)
-    assert obj.volumes[0].source == UnsupportedVolumeSource(type_name="gitRepo")
+    assert obj.volumes[0].source == UnsupportedVolumeSource(type_name="cephfs")
 
 
 # -- accepted by the parser, refused when the payload is built (as kubelet does) ------------------
