@@ -1,0 +1,183 @@
+"""Soak: churn pods and objects for N minutes; resources must stay flat (issue 9).
+
+The real agent on a temporary manifest directory. Each cycle: PODS pods appear (each with a
+configMap, a secret, a projected and an emptyDir volume), their ConfigMap and Secret are edited
+EDITS times while reader processes read every volume, then every pod goes. At the end of each
+cycle, once the agent is idle again, a checkpoint records what the agent holds: RSS, open file
+descriptors, threads, child processes, mounts under its root, FUSE tree inodes and staged nodes.
+Every checkpoint describes the same state (no pods), so everything but RSS must be equal, and RSS
+must not grow beyond allocator noise.
+
+    .venv/bin/python bench/soak.py [--minutes 5] [--pods 20] [--edits 10]     (root: mounts)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import astuple, dataclass, fields
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
+
+RSS_GROWTH_LIMIT_MIB = 8.0
+"""Allowed RSS growth from the first checkpoint to the last: allocator noise, not a leak."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    rss_mib: float
+    fds: int
+    threads: int
+    children: int
+    mounts: int
+    inodes: int
+    staged: int
+
+
+def uid(i: int) -> str:
+    return f"50a50a50-0000-4000-8000-{i:012d}"
+
+
+def pod(i: int) -> str:
+    return f"""kind: Pod
+metadata: {{name: soak-{i}, uid: {uid(i)}}}
+spec:
+  containers: [{{name: c}}]
+  volumes:
+    - {{name: config, configMap: {{name: soak-{i % 4}}}}}
+    - {{name: creds, secret: {{secretName: soak}}}}
+    - name: all
+      projected:
+        sources:
+          - configMap: {{name: soak-{i % 4}}}
+          - downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}
+    - {{name: scratch, emptyDir: {{}}}}
+"""
+
+
+def objects(version: int) -> str:
+    configmaps = "".join(
+        f"kind: ConfigMap\nmetadata: {{name: soak-{n}}}\n"
+        f"data: {{a: '{version}-{'x' * 2000}', b: '{version}'}}\n---\n"
+        for n in range(4)
+    )
+    secret = f"kind: Secret\nmetadata: {{name: soak}}\nstringData: {{token: 't{version}'}}\n"
+    return configmaps + secret
+
+
+def checkpoint(agent: AgentProcess) -> Checkpoint:
+    assert agent.process is not None
+    pid = agent.process.pid
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+    )
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    tree = agent.snapshot()["statistics"]["fuse_tree"]
+    return Checkpoint(
+        rss_mib=int(status["VmRSS"].split()[0]) / 1024,
+        fds=len(os.listdir(f"/proc/{pid}/fd")),
+        threads=int(status["Threads"]),
+        children=len(children),
+        mounts=len(mounts_below(agent.root)) - 1,  # the agent's own FUSE mount
+        inodes=tree["nodes"],
+        staged=tree["staged"],
+    )
+
+
+def readers(agent: AgentProcess, pods: range) -> subprocess.Popen[bytes]:
+    """One process reading every key of every volume in a loop, until killed."""
+    paths = [
+        str(agent.volume(uid(i), plugin, name))
+        for i in pods
+        for plugin, name in (("configmap", "config"), ("secret", "creds"), ("projected", "all"))
+    ]
+    script = (
+        "import os, sys\n"
+        "while True:\n"
+        "    for d in sys.argv[1:]:\n"
+        "        try:\n"
+        "            for n in os.listdir(d):\n"
+        "                if not n.startswith('..'):\n"
+        "                    open(os.path.join(d, n), 'rb').read()\n"
+        "        except OSError:\n"
+        "            pass\n"
+    )
+    return subprocess.Popen([sys.executable, "-c", script, *paths])
+
+
+def cycle(agent: AgentProcess, manifests: Path, rng: random.Random, pods: int, edits: int) -> int:
+    """One cycle of churn; returns the last object version written."""
+    version = int(time.time() * 1000)
+    chosen = range(pods)
+    for i in chosen:
+        (manifests / f"pod-{i}.yaml").write_text(pod(i))
+    for i in chosen:
+        agent.wait_state(uid(i), "scratch", "mounted", timeout_s=60)
+        agent.wait_state(uid(i), "all", "mounted", timeout_s=60)
+    reader = readers(agent, chosen)
+    try:
+        for _ in range(edits):
+            version += 1
+            write_atomically(manifests / "objects.yaml", objects(version))
+            time.sleep(rng.uniform(0.01, 0.2))
+            victim = rng.randrange(pods)  # one pod goes and comes back meanwhile
+            (manifests / f"pod-{victim}.yaml").unlink()
+            time.sleep(rng.uniform(0.0, 0.1))
+            (manifests / f"pod-{victim}.yaml").write_text(pod(victim))
+    finally:
+        reader.kill()
+        reader.wait()
+    for i in chosen:
+        (manifests / f"pod-{i}.yaml").unlink()
+    wait_for(lambda: not any((agent.root / "pods").iterdir()), timeout_s=120)
+    return version
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--minutes", type=float, default=5.0)
+    parser.add_argument("--pods", type=int, default=20)
+    parser.add_argument("--edits", type=int, default=10)
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("needs root (mounts)")
+    rng = random.Random(9)
+    names = [f.name for f in fields(Checkpoint)]
+    with tempfile.TemporaryDirectory() as tmp:
+        manifests = Path(tmp) / "manifests"
+        manifests.mkdir()
+        (manifests / "objects.yaml").write_text(objects(0))
+        with running_agent(manifests, Path(tmp) / "root") as agent:
+            deadline = time.monotonic() + args.minutes * 60
+            points: list[Checkpoint] = []
+            print(f"{'cycle':>5} {'s':>6} " + " ".join(f"{n:>8}" for n in names))
+            started = time.monotonic()
+            while not points or time.monotonic() < deadline:
+                cycle(agent, manifests, rng, args.pods, args.edits)
+                time.sleep(3)  # old versions' grace period, then idle
+                points.append(checkpoint(agent))
+                values = " ".join(f"{v:>8.1f}" for v in astuple(points[-1]))
+                print(f"{len(points):>5} {time.monotonic() - started:>6.0f} {values}", flush=True)
+            agent.stop()
+    first, last = points[0], points[-1]
+    flat = [n for n in names if n != "rss_mib" and getattr(first, n) != getattr(last, n)]
+    growth = last.rss_mib - first.rss_mib
+    print(
+        f"{len(points)} cycles of {args.pods} pods x 4 volumes, {args.edits} edits each: "
+        f"RSS {first.rss_mib:.1f} -> {last.rss_mib:.1f} MiB, "
+        + ("every other figure equal at each checkpoint" if not flat else f"CHANGED: {flat}")
+    )
+    if flat or growth > RSS_GROWTH_LIMIT_MIB:
+        sys.exit("not flat")
+
+
+if __name__ == "__main__":
+    main()
