@@ -306,11 +306,15 @@ def _kill_9(agent: AgentProcess) -> str:
     return ""
 
 
+AGENT_KILLS = int(os.environ.get("FUSEVOL_AGENT_KILLS", "20"))
+"""The CI subset; the issue's 100 runs with FUSEVOL_AGENT_KILLS=100 (about five times longer)."""
+
+
 def test_agent_killed_while_publishing_restarts_into_one_complete_version(
     update_manifests: Path, tmp_path: Path
 ) -> None:
-    """20 x: start, stream ConfigMap edits, SIGKILL after 50-500 ms, restart. Every restart serves
-    each volume whole and current, and adopts the emptyDir with its content.
+    """AGENT_KILLS x: start, stream ConfigMap edits, SIGKILL after 50-500 ms, restart. Every
+    restart serves each volume whole and current, and adopts the emptyDir with its content.
 
     A kill that leaves the agent unkillable (the bug pinned by the next test) is released with
     `umount -f` here, so that this test checks what happens after a restart either way.
@@ -320,7 +324,7 @@ def test_agent_killed_while_publishing_restarts_into_one_complete_version(
     version = 0
     agent: AgentProcess | None = None
     try:
-        for iteration in range(20):
+        for iteration in range(AGENT_KILLS):
             agent = _start(update_manifests, root, iteration)
             wait_for(lambda a=agent, v=version: _served_volumes_are_whole(a, v), timeout_s=15)  # type: ignore[misc]
             # One FUSE mount, four binds for this pod and two for the healthy one, each a live
