@@ -13,7 +13,6 @@ keys per second over the wall time of the slowest client. Median of REPEATS runs
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import statistics
 import subprocess
@@ -22,16 +21,13 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.read_path import tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
-
-if TYPE_CHECKING:
-    from collections.abc import Iterator
 
 UID = "eeeeeeee-0000-4000-8000-000000000001"
 POD = f"""kind: Pod
@@ -101,16 +97,6 @@ def run_clients(volume: Path, keys: list[str], clients: int) -> float:
             raise RuntimeError(f"client failed: exit status {proc.returncode}")
         elapsed.append(float(out))
     return len(keys) / max(elapsed)
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path) -> Iterator[Path]:
-    path.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def measure(n: int = 2000, repeats: int = 5) -> Result:

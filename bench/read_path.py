@@ -28,8 +28,6 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from prometheus_client.parser import text_string_to_metric_families
-
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusevol import layout
@@ -140,25 +138,11 @@ class Setup:
 
     def read(self, reader: Reader, iterations: int, calls: collections.Counter[str]) -> list[int]:
         """Read the key through `reader`, adding the agent's handler calls meanwhile to `calls`."""
-        before = fuse_requests(self.agent) if self.agent else collections.Counter[str]()
+        before = self.agent.fuse_requests() if self.agent else collections.Counter[str]()
         samples = reader.read(self.key, iterations, expected=self.expected)
         if self.agent:
-            calls += fuse_requests(self.agent) - before
+            calls += self.agent.fuse_requests() - before
         return samples
-
-
-def fuse_requests(agent: AgentProcess) -> collections.Counter[str]:
-    """`fusevol_fuse_requests_total` by operation, from the agent's /metrics."""
-    families = text_string_to_metric_families(agent.http_get("/metrics")[1])
-    return collections.Counter(
-        {
-            sample.labels["operation"]: int(sample.value)
-            for family in families
-            if family.name == "fusevol_fuse_requests"
-            for sample in family.samples
-            if sample.name == "fusevol_fuse_requests_total"
-        }
-    )
 
 
 def measure_hot(reader: Reader, setups: list[Setup], iterations: int) -> None:

@@ -8,6 +8,7 @@ volumes mounted for the next agent). The log goes to a file the tests can read (
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -19,6 +20,8 @@ import time
 import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, TypeVar
+
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol import layout
 
@@ -176,6 +179,19 @@ class AgentProcess:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
+
+    def fuse_requests(self) -> collections.Counter[str]:
+        """`fusevol_fuse_requests_total` by operation, from the agent's /metrics."""
+        families = text_string_to_metric_families(self.http_get("/metrics")[1])
+        return collections.Counter(
+            {
+                sample.labels["operation"]: int(sample.value)
+                for family in families
+                if family.name == "fusevol_fuse_requests"
+                for sample in family.samples
+                if sample.name == "fusevol_fuse_requests_total"
+            }
+        )
 
     def fuse_mountpoint(self) -> Path:
         return layout.fuse_mountpoint(self.root)

@@ -7,7 +7,6 @@ capability, and the other tests cover it.
 
 from __future__ import annotations
 
-import collections
 import errno
 import importlib.metadata
 import os
@@ -15,7 +14,6 @@ import re
 from typing import TYPE_CHECKING
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.fuse.session import has_fast_read_path
 from tests.agent import wait_for, write_atomically
@@ -37,20 +35,6 @@ NO_REQUEST = ("lookup", "getattr", "readlink", "open", "read", "release")
 """What a hot read would cost without the fast read path (FUSE.md fact 4, timeouts 0)."""
 
 
-def fuse_requests(agent: AgentProcess) -> collections.Counter[str]:
-    """`fusevol_fuse_requests_total` by operation, from the agent's /metrics."""
-    families = text_string_to_metric_families(agent.http_get("/metrics")[1])
-    return collections.Counter(
-        {
-            sample.labels["operation"]: int(sample.value)
-            for family in families
-            if family.name == "fusevol_fuse_requests"
-            for sample in family.samples
-            if sample.name == "fusevol_fuse_requests_total"
-        }
-    )
-
-
 def hot_read(path: Path) -> bytes:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -63,10 +47,10 @@ def requests_during_hot_reads(agent: AgentProcess, path: Path, expected: bytes) 
     """Warm up, then read `path` HOT_READS times: the requests the agent answered meanwhile."""
     for _ in range(3):
         assert hot_read(path) == expected
-    before = fuse_requests(agent)
+    before = agent.fuse_requests()
     for _ in range(HOT_READS):
         assert hot_read(path) == expected
-    return {op: n for op, n in (fuse_requests(agent) - before).items() if op in NO_REQUEST}
+    return {op: n for op, n in (agent.fuse_requests() - before).items() if op in NO_REQUEST}
 
 
 @pytest.fixture
