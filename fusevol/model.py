@@ -35,6 +35,8 @@ class Kind(enum.Enum):
     SECRET = "Secret"
     PERSISTENT_VOLUME = "PersistentVolume"
     PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
+    SERVICE_ACCOUNT_TOKEN = "ServiceAccountToken"
+    """Not an API kind: a token the API source obtained by TokenRequest for one pod."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,6 +292,8 @@ class Pod:
     fs_group: int | None = None
     run_as_user: int | None = None
     """`spec.securityContext.runAsUser`: the default for containers that set none."""
+    service_account_name: str = "default"
+    """`spec.serviceAccountName` (API default "default"): whose tokens the pod's volumes get."""
 
     @property
     def key(self) -> ObjectKey:
@@ -329,7 +333,42 @@ class PersistentVolumeClaim:
         return ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, self.namespace, self.name)
 
 
-KubeObject = Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim
+@dataclass(frozen=True, slots=True)
+class ServiceAccountToken:
+    """A token for one pod's serviceAccountToken projection, from a TokenRequest; memory only.
+
+    `name` is `token_key(...).name`; `resource_version` changes with every new token, so that the
+    volumes using it are refreshed. `__repr__` hides the token.
+    """
+
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    token: bytes = field(default=b"", repr=False)
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, self.namespace, self.name)
+
+
+def token_key(pod: Pod, projection: ServiceAccountTokenProjection) -> ObjectKey:
+    """Where the token of `projection` in `pod` is kept: kubelet's token cache key (service
+    account, audience, expiration, bound pod)."""
+    name = "/".join(
+        (
+            pod.service_account_name,
+            pod.name,
+            pod.uid,
+            projection.audience,
+            str(projection.expiration_seconds),
+        )
+    )
+    return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, pod.namespace, name)
+
+
+KubeObject = (
+    Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim | ServiceAccountToken
+)
 
 
 # -- what a volume shows ---------------------------------------------------------------------------

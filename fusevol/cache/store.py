@@ -31,12 +31,15 @@ from fusevol.model import (
     PersistentVolumeClaim,
     Pod,
     Secret,
+    ServiceAccountToken,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_T = TypeVar("_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim)
+_T = TypeVar(
+    "_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim, ServiceAccountToken
+)
 
 
 @dataclass(frozen=True, slots=True)
