@@ -33,6 +33,7 @@ import copy
 import datetime
 import http.server
 import json
+import select
 import socket
 import threading
 import time
@@ -99,7 +100,7 @@ class _History:
     events: list[tuple[int, str, str, Obj]] = field(default_factory=list)
     """(resourceVersion, type, resource, object), in order."""
     compacted: int = 0
-    """Watches from a resourceVersion below this get 410 Gone."""
+    """Watches from a resourceVersion below this get 410 Gone (etcd's compacted revision)."""
 
 
 class ApiServer:
@@ -123,7 +124,11 @@ class ApiServer:
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> ApiServer:
-        """Listen (again) on loopback, on the same port after a `stop()`."""
+        """Listen (again) on loopback, on the same port after a `stop()`. A restarted server's
+        watch cache starts at the current resourceVersion: older watches get 410."""
+        with self._cond:
+            self._history.compacted = self._rv
+            self._history.events.clear()
         self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler, self)
         self.port = self._httpd.server_address[1]
         self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
@@ -131,8 +136,7 @@ class ApiServer:
         return self
 
     def stop(self) -> None:
-        """Go away: stop listening, reset every connection, and lose the watch history (a new API
-        server's watch cache starts at the current resourceVersion)."""
+        """Go away: stop listening and reset every connection."""
         if self._httpd is None:
             return
         self._httpd.shutdown()
@@ -142,8 +146,6 @@ class ApiServer:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
             self._watches.clear()
-            self._history.compacted = self._rv
-            self._history.events.clear()
             self._cond.notify_all()
         self._httpd = None
 
@@ -227,7 +229,7 @@ class ApiServer:
     def compact(self) -> None:
         """Forget the history: a watch resuming from an older resourceVersion gets 410 Gone."""
         with self._cond:
-            self._history.compacted = self._rv + 1
+            self._history.compacted = self._rv
             self._history.events.clear()
 
     def open_watches(self, resource: str | None = None) -> list[tuple[str, str | None, str]]:
@@ -392,7 +394,10 @@ class ApiServer:
                         now = time.monotonic()
                         if events or now >= deadline or (bookmarks and now >= next_bookmark):
                             break
-                        self._cond.wait(min(deadline, next_bookmark) - now)
+                        # Like a real server, notice a client that went away while idle.
+                        if _hung_up(watch.connection):
+                            return
+                        self._cond.wait(min(deadline, next_bookmark, now + 0.05) - now)
                     cursor = max([cursor, *(e[0] for e in events)])
                     rv = self._rv
                 pending = [(kind, obj) for _, kind, _, obj in events if selector(obj)]
@@ -423,6 +428,9 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
         with self.api._cond:
             self.api._connections.add(request)
         super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (the agent closing a watch, a restart) is no error."""
 
     def shutdown_request(self, request: Any) -> None:
         with self.api._cond:
@@ -557,6 +565,15 @@ def _selector(resource: str, query: dict[str, str]) -> Any:
         return True
 
     return matches
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """True if the peer closed its side (a watch client never sends anything after its request)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str]]:

@@ -106,20 +106,21 @@ class Reflector:
         self._backoff = backoff or Backoff()
         self.synced = trio.Event()
         self.stats = ReflectorStatistics()
+        self._version = ""
+        """Where the next watch resumes; empty: list first."""
 
     async def run(self) -> None:
         """Steps 1-5 of the module docstring, until cancelled."""
-        version = ""
         while True:
             try:
-                if not version:
-                    version = await self._list()  # (1)
-                version = await self._watch(version)  # (2), (3)
+                if not self._version:
+                    self._version = await self._list()  # (1)
+                await self._watch()  # (2), (3)
             except ApiError as exc:
                 if exc.code == 410:  # (4)
                     self.stats.expired += 1
                     log.info("watch expired, relisting query=%s: %s", self.query, exc)
-                    version = ""
+                    self._version = ""
                     continue
                 await self._failed(exc)  # (5)
             except ApiUnavailable as exc:
@@ -139,8 +140,9 @@ class Reflector:
         self._backoff.reset()
         return str(version)
 
-    async def _watch(self, version: str) -> str:
-        """Follow one watch stream; returns the resourceVersion to resume from."""
+    async def _watch(self) -> None:
+        """Follow one watch stream, moving `_version` on with every event."""
+        version = self._version
         abandoned = threading.Event()
 
         def open_watch() -> WatchStream:
@@ -165,13 +167,13 @@ class Reflector:
             while True:
                 event = await self._thread(stream.next_event)
                 if event is None:
-                    return version  # (3)
+                    return  # (3)
                 kind, obj = event.get("type"), event.get("object") or {}
                 if kind == "ERROR":
                     code = int(obj.get("code") or 0)
                     raise ApiError(code, obj.get("reason", ""), obj.get("message", ""))
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                self.stats.resource_version = version
+                self._version = self.stats.resource_version = version
                 self._backoff.reset()
                 if kind == "BOOKMARK":
                     self.stats.bookmarks += 1

@@ -184,9 +184,12 @@ class KubeSource:
                 self._store.delete(key)
         self._pods.update((pod.key, pod) for pod in pods)
         # (2) The claims first: the volumes they are bound to are known once they are read.
-        for _ in range(2):
+        ensured: set[ObjectKey] = set()
+        while wanted := self._references(changed) - ensured:
             self._objects.set_wanted(self._references(self._pods.values()))
-            await self._objects.ensure(self._references(changed), timeout_s=REFERENCE_TIMEOUT_S)
+            await self._objects.ensure(wanted, timeout_s=REFERENCE_TIMEOUT_S)
+            ensured |= wanted
+        self._objects.set_wanted(self._references(self._pods.values()))
         await self.tokens.ensure(changed)
         # (3)
         for pod in pods:
