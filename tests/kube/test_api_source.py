@@ -9,6 +9,7 @@ immutable, tokens expiring.
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import time
@@ -52,9 +53,9 @@ def test_pods_of_this_node_are_served_and_follow_their_configmap(
             ("configmaps", "default", "metadata.name=app"),
             ("pods", None, "spec.nodeName=test-node"),
         ]
-        for i in range(3):
-            api.update(configmap("app", {"a": f"v{i}"}))
-            wait_for(lambda i=i: read(key) == f"v{i}", timeout_s=5)
+        for value in ("v0", "v1", "v2"):
+            api.update(configmap("app", {"a": value}))
+            wait_for(functools.partial(lambda v: read(key) == v, value), timeout_s=5)
         # The last pod referencing it goes: its volume is torn down and its watch closed.
         api.delete("Pod", "default", "web")
         wait_for(lambda: not (agent.root / "pods" / UID).exists(), timeout_s=5)
