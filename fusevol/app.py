@@ -3,7 +3,8 @@
 Start-up order (each `nursery.start` returns once the component is ready):
     1. lock `<root>/fusevol/lock`, so two agents never share a root;
     2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
-       the pod volume directories on the node (reconstruct.py);
+       the pod volume directories on the node (reconstruct.py); load the PVs this node
+       provisioned (source/provisioned.py);
     3. the FUSE mount, then the publisher that switches versions through it;
     4. the executor and the status reporter;
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
@@ -41,6 +42,7 @@ from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
 from fusevol.projection.downward import node_allocatable
+from fusevol.provision.hostpath import HostPathProvisioner
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
 from fusevol.reconciler.reconstruct import (
@@ -52,6 +54,7 @@ from fusevol.reconciler.reconstruct import (
 from fusevol.reconciler.volumes import Volumes
 from fusevol.server import HealthServer
 from fusevol.source.local import ManifestSource
+from fusevol.source.provisioned import ManifestVolumeRecorder
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
@@ -109,6 +112,7 @@ class Agent:
             backend=self.backend,
             allocatable=node_allocatable(settings.node_allocatable),
             observe_propagation=self.metrics.update_propagation.observe,
+            git_timeout_s=settings.mount.git_timeout_s,
         )
         self.status = StatusReporter(
             root=root,
@@ -119,9 +123,15 @@ class Agent:
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
         )
+        self.recorder = ManifestVolumeRecorder(path=layout.provisioned_file(root), store=self.store)
+        self.provisioner = HostPathProvisioner(
+            root=root, node_name=settings.node_name, store=self.store, recorder=self.recorder
+        )
         self.reconciler = Reconciler(
             store=self.store,
-            populator=Populator(store=self.store, desired=self.desired),
+            populator=Populator(
+                store=self.store, desired=self.desired, provisioner=self.provisioner
+            ),
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
@@ -129,6 +139,7 @@ class Agent:
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
             on_volume_failed=self._volume_failed,
+            provisioner=self.provisioner,
         )
         self.kube_source: KubeSource | None = None
         self.source: ManifestSource | KubeSource
@@ -210,7 +221,7 @@ class Agent:
     def _observe_operation(
         self, name: UniqueVolumeName, operation: str, seconds: float, ok: bool
     ) -> None:
-        kubelet_name = "volume_unmount" if operation == "unmount" else "volume_mount"
+        kubelet_name = _OPERATION_NAMES.get(operation, "volume_mount")
         self.metrics.operation_duration.labels(
             _plugin_of(name), kubelet_name, "success" if ok else "fail-unknown"
         ).observe(seconds)
@@ -231,6 +242,7 @@ class Agent:
             await detach_dead_fuse_mounts(self.backend, root)  # (2)
             for volume in reconstruct(root):
                 self.actual.mark_mounted(volume)
+            self.recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
             layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
@@ -302,6 +314,11 @@ def _locked(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)
+
+
+_OPERATION_NAMES = {"unmount": "volume_unmount", "provision": "provision", "reclaim": "delete"}
+"""fusevol's operations by the names kubelet and the PV controller give theirs in
+`storage_operation_duration_seconds` (every other operation is a `volume_mount`)."""
 
 
 def _plugin_of(name: str) -> str:

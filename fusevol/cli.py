@@ -22,12 +22,16 @@ import os
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol import __version__, log, status
 from fusevol.errors import FusevolError
 from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 DEFAULT_ROOT = "/var/lib/fusevol"
 
@@ -118,6 +122,21 @@ def main(argv: list[str] | None = None) -> int:
     except FusevolError as exc:
         print(f"fusevol: {exc}", file=sys.stderr)
         return 1
+    except ExceptionGroup as group:  # raised in a trio nursery: the agent's own errors, unwrapped
+        errors, others = group.split(FusevolError)
+        if errors is None or others is not None:
+            raise
+        for error in _leaves(errors):
+            print(f"fusevol: {error}", file=sys.stderr)
+        return 1
+
+
+def _leaves(group: BaseExceptionGroup[FusevolError]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -1,8 +1,11 @@
 """Where things live on the node: kubelet's directory layout, and the volume plugins' names.
 
     <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (KUBELET.md A1)
+    <root>/pods/<uid>/plugins/<plugin dir>/<spec name>   a volume's metadata (gitRepo's `ready`)
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/status.json                            what `fusevol status` reads
+    <root>/fusevol/provisioned.json                       local PVs provisioned by this node
+    <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
 
 Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
 spec name is the pod's volume name, or the PersistentVolume's name for a volume that comes
@@ -18,6 +21,7 @@ from fusevol.model import (
     ConfigMapVolumeSource,
     DownwardAPIVolumeSource,
     EmptyDirVolumeSource,
+    GitRepoVolumeSource,
     HostPathVolumeSource,
     LocalVolumeSource,
     NFSVolumeSource,
@@ -46,6 +50,7 @@ class Plugin(enum.Enum):
     NFS = "kubernetes.io/nfs"
     LOCAL = "kubernetes.io/local-volume"
     HOST_PATH = "kubernetes.io/host-path"
+    GIT_REPO = "kubernetes.io/git-repo"
 
     @property
     def dir_name(self) -> str:
@@ -89,6 +94,8 @@ def plugin_for(source: VolumeSource | PersistentVolumeSource) -> Plugin | None:
             return Plugin.LOCAL
         case HostPathVolumeSource():
             return Plugin.HOST_PATH
+        case GitRepoVolumeSource():
+            return Plugin.GIT_REPO
         case _:
             return None
 
@@ -110,6 +117,11 @@ def volume_dir(root: Path, uid: PodUID, plugin: Plugin, spec_name: str) -> Path:
     return pod_dir(root, uid) / "volumes" / plugin.dir_name / spec_name
 
 
+def volume_meta_dir(volume_dir: Path, plugin: Plugin) -> Path:
+    """kubelet's `GetPodPluginDir(uid, plugin)/<spec name>` for the pod volume at `volume_dir`."""
+    return volume_dir.parents[2] / "plugins" / plugin.dir_name / volume_dir.name
+
+
 def agent_dir(root: Path) -> Path:
     return root / "fusevol"
 
@@ -120,6 +132,15 @@ def fuse_mountpoint(root: Path) -> Path:
 
 def status_file(root: Path) -> Path:
     return agent_dir(root) / "status.json"
+
+
+def provisioned_file(root: Path) -> Path:
+    return agent_dir(root) / "provisioned.json"
+
+
+def default_provisioning_base(root: Path) -> Path:
+    """Where provisioned local PVs live when their StorageClass gives no `basePath`."""
+    return agent_dir(root) / "hostpath"
 
 
 def fuse_name(uid: PodUID, spec_name: str) -> bytes:

@@ -37,11 +37,13 @@ class Kind(enum.Enum):
     PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
     SERVICE_ACCOUNT_TOKEN = "ServiceAccountToken"
     """Not an API kind: a token the API source obtained by TokenRequest for one pod."""
+    STORAGE_CLASS = "StorageClass"
 
 
 @dataclass(frozen=True, slots=True)
 class ObjectKey:
-    """Identity of an object; cluster-scoped ones (PersistentVolume) have namespace ""."""
+    """Identity of an object; cluster-scoped ones (PersistentVolume, StorageClass) have namespace
+    ""."""
 
     kind: Kind
     namespace: str
@@ -224,6 +226,17 @@ class LocalVolumeSource:
 
 
 @dataclass(frozen=True, slots=True)
+class GitRepoVolumeSource:
+    """`gitRepo`: an emptyDir into which `git clone` runs once per pod (kubelet's git_repo)."""
+
+    repository: str
+    revision: str = ""
+    directory: str = ""
+    """Where to clone inside the volume: "" (git's default name), "." (the volume root) or a
+    directory name."""
+
+
+@dataclass(frozen=True, slots=True)
 class UnsupportedVolumeSource:
     """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
 
@@ -239,6 +252,7 @@ VolumeSource = (
     | HostPathVolumeSource
     | EmptyDirVolumeSource
     | PersistentVolumeClaimVolumeSource
+    | GitRepoVolumeSource
     | UnsupportedVolumeSource
 )
 
@@ -294,6 +308,9 @@ class Pod:
     """`spec.securityContext.runAsUser`: the default for containers that set none."""
     service_account_name: str = "default"
     """`spec.serviceAccountName` (API default "default"): whose tokens the pod's volumes get."""
+    origin: str = field(default="", compare=False)
+    """Where the pod was read, for error lines: its manifest file; empty from the API server.
+    Not part of the pod's content: moving a pod to another file changes nothing."""
 
     @property
     def key(self) -> ObjectKey:
@@ -312,6 +329,12 @@ class PersistentVolume:
     storage_class_name: str = ""
     node_names: tuple[str, ...] = ()
     """Hostnames of its required node affinity (local volumes), empty if none."""
+    claim_uid: str = ""
+    """`spec.claimRef.uid`: a claim of the same name but another uid is not this volume's."""
+    reclaim_policy: str = ""
+    """`spec.persistentVolumeReclaimPolicy`: Delete, Retain (or Recycle), "" if not given."""
+    capacity: str = ""
+    """`spec.capacity.storage`, a quantity: recorded, not enforced."""
 
     @property
     def key(self) -> ObjectKey:
@@ -327,6 +350,11 @@ class PersistentVolumeClaim:
     """`spec.volumeName`: the bound PersistentVolume, empty while unbound."""
     storage_class_name: str = ""
     read_only: bool = False
+    uid: str = ""
+    """`metadata.uid`; "" for a manifest claim that gives none."""
+    storage_request: str = ""
+    """`spec.resources.requests.storage`, a quantity."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> ObjectKey:
@@ -366,8 +394,32 @@ def token_key(pod: Pod, projection: ServiceAccountTokenProjection) -> ObjectKey:
     return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, pod.namespace, name)
 
 
+@dataclass(frozen=True, slots=True)
+class StorageClass:
+    """A `storage.k8s.io/v1` StorageClass (cluster-scoped): who provisions its claims, and how."""
+
+    name: str
+    resource_version: ResourceVersion
+    provisioner: str
+    parameters: Mapping[str, str] = field(default_factory=dict)
+    reclaim_policy: str = "Delete"
+    """The API's default: Delete."""
+    volume_binding_mode: str = "Immediate"
+    """The API's default: Immediate (WaitForFirstConsumer delays binding until a pod uses it)."""
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.STORAGE_CLASS, "", self.name)
+
+
 KubeObject = (
-    Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim | ServiceAccountToken
+    Pod
+    | ConfigMap
+    | Secret
+    | PersistentVolume
+    | PersistentVolumeClaim
+    | StorageClass
+    | ServiceAccountToken
 )
 
 

@@ -7,6 +7,11 @@ PersistentVolume, whose name then names the volume directory. A claim that is mi
 becomes a volume carrying that error, so it shows in `fusevol status` and is retried; it is
 resolved again on every pass, and served as soon as the claim is bound.
 
+An unbound claim binds to a PV whose claimRef names it (and its uid, if the PV records one): the
+PV controller's pre-bound binding, which is how a provisioned volume reaches its claim. An unbound
+claim of a StorageClass provisioned by this node (`fusevol.provision`) is collected in
+`claims_to_provision()`: a pod of this node is its first consumer.
+
 `has_added_pods` turns true after the first pass that follows the sources' complete initial
 listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
 have not been read yet (kubelet's `HasAddedPods`).
@@ -26,14 +31,17 @@ from fusevol.model import (
     PersistentVolume,
     PersistentVolumeClaim,
     PersistentVolumeClaimVolumeSource,
+    StorageClass,
     UniqueVolumeName,
     UnsupportedVolumeSource,
 )
+from fusevol.provision.hostpath import ClaimToProvision
 
 if TYPE_CHECKING:
     from fusevol.cache.desired import DesiredState
     from fusevol.cache.store import ObjectStore
     from fusevol.model import Pod, Volume
+    from fusevol.provision.hostpath import HostPathProvisioner
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +49,18 @@ MOUNT_OPTIONS_ANNOTATION = "volume.beta.kubernetes.io/mount-options"
 
 
 class Populator:
-    def __init__(self, *, store: ObjectStore, desired: DesiredState) -> None:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        desired: DesiredState,
+        provisioner: HostPathProvisioner | None = None,
+    ) -> None:
         self._store = store
         self._desired = desired
+        self._provisioner = provisioner
         self._has_added_pods = False
+        self._to_provision: dict[ObjectKey, ClaimToProvision] = {}
 
     @property
     def has_added_pods(self) -> bool:
@@ -53,6 +69,7 @@ class Populator:
     def populate(self) -> None:
         """One full pass. Cheap when nothing changed; idempotent."""
         synced = self._store.synced
+        self._to_provision = {}
         pods = {pod.uid: pod for pod in self._store.pods()}
         for pod in self._desired.pods():
             if pod.uid not in pods:
@@ -64,6 +81,11 @@ class Populator:
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         if synced:
             self._has_added_pods = True
+
+    def claims_to_provision(self) -> tuple[ClaimToProvision, ...]:
+        """The unbound claims of the last pass that pods of this node use and this node
+        provisions."""
+        return tuple(self._to_provision.values())
 
     def resolve(self, pod: Pod, volume: Volume) -> VolumeToServe:
         source = volume.source
@@ -91,14 +113,15 @@ class Populator:
         claim = self._store.get(claim_key, PersistentVolumeClaim)
         if claim is None:
             return _failed(pod, volume, f'persistentvolumeclaim "{source.claim_name}" not found')
-        if not claim.volume_name:
-            return _failed(
-                pod, volume, f"PVC {pod.namespace}/{source.claim_name} is not bound to a volume"
-            )
-        pv_key = ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)
-        pv = self._store.get(pv_key, PersistentVolume)
-        if pv is None:
-            return _failed(pod, volume, f'persistentvolume "{claim.volume_name}" not found')
+        if claim.volume_name:
+            pv_key = ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)
+            pv = self._store.get(pv_key, PersistentVolume)
+            if pv is None:
+                return _failed(pod, volume, f'persistentvolume "{claim.volume_name}" not found')
+        else:
+            pv = self._pre_bound(claim)
+            if pv is None:
+                return _failed(pod, volume, self._unbound(claim))
         if pv.claim_ref is not None and pv.claim_ref != (pod.namespace, source.claim_name):
             return _failed(
                 pod,
@@ -120,6 +143,25 @@ class Populator:
             read_only=source.read_only or claim.read_only or pv_read_only,
             mount_options=_mount_options(pv),
         )
+
+    def _pre_bound(self, claim: PersistentVolumeClaim) -> PersistentVolume | None:
+        for pv in self._store.list(Kind.PERSISTENT_VOLUME):
+            assert isinstance(pv, PersistentVolume)
+            if pv.claim_ref == (claim.namespace, claim.name) and pv.claim_uid in ("", claim.uid):
+                return pv
+        return None
+
+    def _unbound(self, claim: PersistentVolumeClaim) -> str:
+        """Why `claim` has no volume; collects it if this node is to provision it."""
+        unbound = f"PVC {claim.namespace}/{claim.name} is not bound to a volume"
+        if self._provisioner is None or not claim.storage_class_name:
+            return unbound
+        class_key = ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)
+        storage_class = self._store.get(class_key, StorageClass)
+        if storage_class is None or not self._provisioner.wants(claim, storage_class):
+            return unbound
+        self._to_provision[claim.key] = ClaimToProvision(claim, storage_class)
+        return f"{unbound}: waiting for {storage_class.provisioner} to provision it"
 
 
 def _mount_options(pv: PersistentVolume) -> tuple[str, ...]:

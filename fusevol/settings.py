@@ -42,6 +42,9 @@ class ReconcileSettings:
 class MountSettings:
     command_timeout_s: float = 60.0
     """A mount or umount command running longer fails its operation (and only that one)."""
+    git_timeout_s: float = 300.0
+    """A git command of a gitRepo volume running longer fails that volume's set-up (a clone of
+    a large repository over a slow link takes minutes; a hung one must not hold it forever)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,10 +88,16 @@ class AgentProcess:
             "0",
             *self._extra_args,
         ]
+        # A restart on the same root appends to the same log and finds the last status file:
+        # only what this process writes counts.
+        offset = len(self.log_text())
+        layout.status_file(self.root).unlink(missing_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         log.close()
-        wait_for(lambda: self._exited_early() or " ready " in self.log_text(), timeout_s=20)
+        wait_for(
+            lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=20
+        )
         wait_for(layout.status_file(self.root).exists)
         return self
 

@@ -32,13 +32,21 @@ from fusevol.model import (
     Pod,
     Secret,
     ServiceAccountToken,
+    StorageClass,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 _T = TypeVar(
-    "_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim, ServiceAccountToken
+    "_T",
+    Pod,
+    ConfigMap,
+    Secret,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    ServiceAccountToken,
+    StorageClass,
 )
 
 

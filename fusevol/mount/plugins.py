@@ -9,6 +9,7 @@ itself on failure: no directory and no mount remain (A10). `tear_down` is idempo
     local     bind mount of the PV's path at <dir> (0750), read-only when asked (A11)
     hostPath  no directory, no mount: the runtime binds the host path; only the type check (A11)
     emptyDir  a directory (0777), or a tmpfs sized by sizeLimit for medium Memory
+    gitRepo   an emptyDir directory into which git clones once per pod (`fusevol.mount.gitrepo`)
 
 Excluded: the volumes served from memory (fusevol.reconciler.served).
 """
@@ -30,10 +31,12 @@ from fusevol.fsutil import mkdir_all
 from fusevol.layout import Plugin
 from fusevol.model import (
     EmptyDirVolumeSource,
+    GitRepoVolumeSource,
     HostPathVolumeSource,
     LocalVolumeSource,
     NFSVolumeSource,
 )
+from fusevol.mount import gitrepo
 from fusevol.quantity import parse_quantity, value
 
 if TYPE_CHECKING:
@@ -42,9 +45,10 @@ if TYPE_CHECKING:
 
 
 class MountPlugins:
-    def __init__(self, *, root: Path, backend: MountBackend) -> None:
+    def __init__(self, *, root: Path, backend: MountBackend, git_timeout_s: float = 300.0) -> None:
         self._root = root
         self._backend = backend
+        self._git_repo = gitrepo.GitRepo(timeout_s=git_timeout_s)
 
     def path(self, volume: VolumeToServe) -> Path:
         """Where the volume is on the node: its pod volume directory, or the host path."""
@@ -66,6 +70,11 @@ class MountPlugins:
                 await trio.to_thread.run_sync(check_host_path, host_path)
             case EmptyDirVolumeSource() as empty_dir:
                 await self._empty_dir(target, empty_dir)
+            case GitRepoVolumeSource() as git_repo:
+                meta_dir = layout.volume_meta_dir(target, Plugin.GIT_REPO)
+                await self._git_repo.set_up(
+                    target, meta_dir, git_repo, fs_group=volume.pod.fs_group
+                )
             case _:
                 raise VolumeSetupError(f"volume {volume.volume.name!r}: not a mount-backed type")
         return target
@@ -76,6 +85,10 @@ class MountPlugins:
         await self._backend.unmount(path)
         if plugin is Plugin.EMPTY_DIR:
             await trio.to_thread.run_sync(self._remove_tree, path)
+        elif plugin is Plugin.GIT_REPO:
+            await trio.to_thread.run_sync(self._remove_tree, path)
+            meta_dir = layout.volume_meta_dir(path, Plugin.GIT_REPO)
+            await trio.to_thread.run_sync(gitrepo.remove, path, meta_dir)
         else:
             await trio.to_thread.run_sync(_remove_dir, path)
 

@@ -31,8 +31,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-FINAL_OPERATIONS = frozenset({"unmount"})
-"""Operations after whose success the volume is gone: its history is dropped with it."""
+FINAL_OPERATIONS = frozenset({"unmount", "provision", "reclaim"})
+"""Operations after whose success there is nothing left to do (the volume is gone, the claim
+bound, the released volume dealt with): their history is dropped."""
 
 
 @dataclass(slots=True)
@@ -47,6 +48,8 @@ class VolumeOperationStatus:
     retry_at: float = -math.inf
     """trio clock time before which no new operation starts."""
     failed_inputs: Hashable = field(default=None, repr=False)
+    subject: str = field(default="", repr=False)
+    """What the operation is for, in its error lines: `pod=ns/name file=...` (`Executor.start`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,8 +94,11 @@ class Executor:
         run: Callable[[], Awaitable[None]],
         *,
         inputs: Hashable = None,
+        subject: str = "",
     ) -> None:
-        """Start `run` for volume `name`, or raise AlreadyPending / InBackoff."""
+        """Start `run` for volume `name`, or raise AlreadyPending / InBackoff.
+
+        `subject` ends the failure's log line: the pod and where it came from."""
         assert self._nursery is not None, "Executor.run() is not running"
         status = self._status.setdefault(name, VolumeOperationStatus())
         if status.pending:
@@ -106,6 +112,7 @@ class Executor:
             raise InBackoff(f"no retries permitted for {name} until {status.retry_at - now:.1f}s")
         status.pending = True
         status.operation = operation
+        status.subject = subject
         self._started += 1
         self._nursery.start_soon(self._run, name, status, run, inputs)
 
@@ -181,9 +188,10 @@ class Executor:
         level = logging.DEBUG if repeated or is_expected(exc) else logging.ERROR
         log.log(
             level,
-            "%s failed volume=%s retry_in=%gs error=%s",
+            "%s failed volume=%s%s retry_in=%gs error=%s",
             status.operation,
             name,
+            f" {status.subject}" if status.subject else "",
             delay,
             message,
             exc_info=None if isinstance(exc, FusevolError) else exc,

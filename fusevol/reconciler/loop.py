@@ -2,13 +2,18 @@
 
 It wakes on every change of the object store, when an operation ends, when a backoff expires, and
 at least every `resync_interval_s`. Each pass runs the populator, then `reconcile()`, which reads
-as kubelet's three steps, in this order so that a volume moving between pods is released first:
+as kubelet's three steps, in this order so that a volume moving between pods is released first,
+between the two steps of the node's provisioner (with a `HostPathProvisioner` only):
 
+    (0) provision         claims a pod here waits for, of a class this node provisions
     (1) unmount_orphans   volumes set up on the node that no pod wants any more
     (2) serve_and_mount   volumes a pod wants that are not set up yet
     (3) refresh           set-up volumes whose inputs (objects, pod spec) changed
+    (4) reclaim           provisioned volumes whose claim is gone: released, and deleted (policy
+                          Delete) once no pod of this node uses them
 
-Step (1) waits until every source has delivered its complete initial state (`has_added_pods`).
+Steps (1) and (4) wait until every source has delivered its complete initial state
+(`has_added_pods`).
 Each step only *starts* operations in the executor (one per volume, with backoff) and returns, so a
 pass takes microseconds however slow a mount is.
 """
@@ -23,6 +28,9 @@ import trio
 
 from fusevol.cache.actual import MountState
 from fusevol.errors import FusevolError, is_expected
+from fusevol.layout import Plugin
+from fusevol.model import PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
+from fusevol.provision.hostpath import PROVISIONER
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable
@@ -30,8 +38,8 @@ if TYPE_CHECKING:
     from fusevol.cache.actual import ActualState, MountedVolume
     from fusevol.cache.desired import DesiredState, VolumeToServe
     from fusevol.cache.store import ObjectStore
-    from fusevol.model import UniqueVolumeName
     from fusevol.populator import Populator
+    from fusevol.provision.hostpath import HostPathProvisioner
     from fusevol.reconciler.executor import Executor
     from fusevol.reconciler.volumes import Volumes
 
@@ -51,10 +59,12 @@ class Reconciler:
         resync_interval_s: float,
         on_pass: Callable[[], None] = lambda: None,
         on_volume_failed: Callable[[VolumeToServe, str], None] = lambda *_: None,
+        provisioner: HostPathProvisioner | None = None,
     ) -> None:
         """`on_volume_failed(volume, error)` after each failed set-up or refresh (the API
         source records kubelet's FailedMount event)."""
         self._on_volume_failed = on_volume_failed
+        self._provisioner = provisioner
         self._store = store
         self._populator = populator
         self._desired = desired
@@ -91,10 +101,39 @@ class Reconciler:
                     await self._wakeup.wait()
 
     def reconcile(self) -> None:
+        self.provision()  # (0)
         if self._populator.has_added_pods:
             self.unmount_orphans()  # (1)
         self.serve_and_mount()  # (2)
         self.refresh()  # (3)
+        if self._populator.has_added_pods:
+            self.reclaim()  # (4)
+
+    def provision(self) -> None:
+        if self._provisioner is None:
+            return
+        for request in self._populator.claims_to_provision():
+            claim = request.claim
+            # `<provisioner>/<namespace>.<claim>`: one slash, as `_plugin_of` (metrics) expects;
+            # namespaces have no dots, so the name is unique.
+            name = UniqueVolumeName(f"{PROVISIONER}/{claim.namespace}.{claim.name}")
+            run = functools.partial(self._provisioner.provision, request)
+            self._start(name, "provision", run, inputs=request)
+
+    def reclaim(self) -> None:
+        if self._provisioner is None:
+            return
+        in_use = {v.spec_name for v in self._desired.volumes_to_serve() if v.plugin is Plugin.LOCAL}
+        in_use |= {m.spec_name for m in self._actual.mounted_volumes() if m.plugin is Plugin.LOCAL}
+        claims = {
+            (pod.namespace, volume.source.claim_name)
+            for pod in self._desired.pods()
+            for volume in pod.volumes
+            if isinstance(volume.source, PersistentVolumeClaimVolumeSource)
+        }
+        for pv in self._provisioner.to_reclaim(in_use=in_use, claims_in_use=claims):
+            run = functools.partial(self._provisioner.reclaim, pv)
+            self._start(UniqueVolumeName(f"{PROVISIONER}/{pv.name}"), "reclaim", run, inputs=pv)
 
     def unmount_orphans(self) -> None:
         for mounted in self._actual.mounted_volumes():
@@ -110,6 +149,7 @@ class Reconciler:
                     "mount",
                     functools.partial(self._mount, volume),
                     inputs=self._volumes.inputs(volume),
+                    subject=_subject(volume.pod),
                 )
 
     def refresh(self) -> None:
@@ -120,7 +160,9 @@ class Reconciler:
             inputs = self._volumes.inputs(volume)
             if inputs != mounted.inputs:
                 refresh = functools.partial(self._refresh, volume, mounted)
-                self._start(volume.name, "refresh", refresh, inputs=inputs)
+                self._start(
+                    volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
+                )
 
     async def unmount_all(self) -> None:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
@@ -166,9 +208,10 @@ class Reconciler:
         run: Callable[[], Awaitable[None]],
         *,
         inputs: Hashable = None,
+        subject: str = "",
     ) -> None:
         try:
-            self._executor.start(name, operation, run, inputs=inputs)
+            self._executor.start(name, operation, run, inputs=inputs, subject=subject)
         except FusevolError as exc:
             if not is_expected(exc):
                 raise
@@ -180,3 +223,9 @@ class Reconciler:
             await self._store.wait_changed(generation)
             generation = self._store.generation
             self.kick()
+
+
+def _subject(pod: Pod) -> str:
+    """`pod=ns/name file=...`: whom a failed operation concerns, for its error line."""
+    origin = f" file={pod.origin}" if pod.origin else ""
+    return f"pod={pod.namespace}/{pod.name}{origin}"

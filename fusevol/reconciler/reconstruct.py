@@ -73,20 +73,23 @@ def reconstruct(root: Path) -> list[MountedVolume]:
 
 
 def remove_pod_dir(pod_dir: Path, *, with_volume_dirs: bool = False) -> bool:
-    """Remove a pod directory whose volumes are all gone: its empty plugin directories, `volumes/`
-    and itself; with `with_volume_dirs`, empty volume directories too (for a final sweep, when no
-    set-up can be creating one). Removes nothing that is not empty or still a mount point, and
-    never descends below the volume level. Returns True if the pod directory is gone."""
+    """Remove a pod directory whose volumes are all gone: its empty plugin directories below
+    `volumes/` and `plugins/` (volume metadata), those two and itself; with `with_volume_dirs`,
+    empty volume directories too (for a final sweep, when no set-up can be creating one). Removes
+    nothing that is not empty or still a mount point, and never descends below the volume level.
+    Returns True if the pod directory is gone."""
     volumes = pod_dir / "volumes"
-    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
-        for plugin_dir in volumes.iterdir():
-            if with_volume_dirs:
-                for volume_dir in plugin_dir.iterdir():
-                    with contextlib.suppress(OSError):
-                        volume_dir.rmdir()
-            with contextlib.suppress(OSError):
-                plugin_dir.rmdir()
-    for directory in (volumes, pod_dir):
+    plugins = pod_dir / "plugins"
+    for parent in (volumes, plugins):
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for plugin_dir in parent.iterdir():
+                if with_volume_dirs:
+                    for volume_dir in plugin_dir.iterdir():
+                        with contextlib.suppress(OSError):
+                            volume_dir.rmdir()
+                with contextlib.suppress(OSError):
+                    plugin_dir.rmdir()
+    for directory in (volumes, plugins, pod_dir):
         try:
             directory.rmdir()
         except FileNotFoundError:

@@ -2,8 +2,8 @@
 
 Served volumes (configMap, secret, downwardAPI, projected) go to `served.ServedVolumes`: a FUSE
 subtree bind-mounted at the pod volume directory, refreshed whenever their inputs change.
-Mount-backed volumes (nfs, local, hostPath, emptyDir) go to `mount.plugins.MountPlugins`; once set
-up they are never refreshed (as under kubelet, a mount is not redone for a changed spec).
+Mount-backed volumes (nfs, local, hostPath, emptyDir, gitRepo) go to `mount.plugins.MountPlugins`;
+once set up they are never refreshed (as under kubelet, a mount is not redone for a changed spec).
 A volume the populator could not resolve (unsupported type, unbound claim) fails with its error.
 """
 
@@ -45,6 +45,7 @@ class Volumes:
         backend: MountBackend,
         allocatable: NodeAllocatable,
         observe_propagation: Callable[[float], None] = lambda _: None,
+        git_timeout_s: float = 300.0,
     ) -> None:
         self._root = root
         self.served = ServedVolumes(
@@ -55,7 +56,7 @@ class Volumes:
             allocatable=allocatable,
             observe_propagation=observe_propagation,
         )
-        self.mounted = MountPlugins(root=root, backend=backend)
+        self.mounted = MountPlugins(root=root, backend=backend, git_timeout_s=git_timeout_s)
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume is built from; a set-up volume is refreshed when this changes."""

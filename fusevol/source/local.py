@@ -318,6 +318,12 @@ def _read_files(directory: pathlib.Path, names: list[str]) -> dict[str, FileResu
             results[name] = None if text is None else parse_manifest(text, origin=str(path))
         except ManifestError as exc:
             results[name] = exc
+        except Exception as exc:  # a parser bug must not take the agent down
+            # Its message is not repeated: it could quote a secret's value.
+            results[name] = ManifestError(
+                f"{path}: cannot be parsed: fusevol's parser failed with {type(exc).__name__}"
+                " (a bug: please report it with the file, its secrets removed)"
+            )
     return results
 
 

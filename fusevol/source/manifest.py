@@ -1,7 +1,8 @@
 """Manifest text -> fusevol model objects, validated the way the API server would validate them.
 
 Owns: decoding one manifest file (`*.json`: one JSON value; anything else: multi-document YAML),
-picking out the core/v1 kinds fusevol acts on (Pod, ConfigMap, Secret; also inside `kind: List`),
+picking out the kinds fusevol acts on (Pod, ConfigMap, Secret, PersistentVolume,
+PersistentVolumeClaim, and StorageClass of `storage.k8s.io/v1`; also inside `kind: List`),
 the API defaulting fusevol relies on (namespace `default`, `stringData` merged over `data`, a
 stable uid for pods that carry none) and the subset of `pkg/apis/core/validation` that shapes what
 fusevol serves (KUBELET.md A4). Pod volumes are read by `fusevol.source.volumes`, typed fields by
@@ -84,6 +85,8 @@ class _StrictLoader(_SafeLoader):
     """The safe loader, refusing duplicate mapping keys as kubectl does ("already set in map")."""
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Hashable, Any]:
+        if not isinstance(node, yaml.MappingNode):  # `!!set |`, `!!omap x`: the base class says so
+            return super().construct_mapping(node, deep=deep)
         seen: set[object] = set()
         for key_node, _ in node.value:
             if key_node.tag == _MERGE_TAG:
@@ -103,6 +106,20 @@ class _StrictLoader(_SafeLoader):
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        """PyYAML's constructors fail on a bad tagged scalar (`!!int ''`, `!!bool x`,
+        `!!timestamp 2024-13-01`) with whatever Python raises, its message quoting the value: that
+        becomes a ConstructorError at the node, naming the tag only (the value may be a secret)."""
+        try:
+            return super().construct_object(node, deep=deep)
+        except _CONSTRUCTOR_FAILURES:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"not a valid {node.tag} value", node.start_mark
+            ) from None
+
+
+_CONSTRUCTOR_FAILURES = (ValueError, TypeError, KeyError, IndexError, AttributeError, OverflowError)
+
 
 def _load(text: bytes, *, origin: str) -> list[object]:
     try:
@@ -117,6 +134,8 @@ def _load(text: bytes, *, origin: str) -> list[object]:
         except json.JSONDecodeError as exc:
             where = f"line {exc.lineno} column {exc.colno}"
             raise ManifestError(f"{origin}: {where}: invalid JSON: {exc.msg}") from None
+        except ValueError:  # int()'s limit: a number of over 4300 digits
+            raise ManifestError(f"{origin}: invalid JSON: a number has too many digits") from None
     try:
         _check_depth(source, origin=origin)
         return list(yaml.load_all(source, Loader=_StrictLoader))
@@ -129,8 +148,12 @@ def _load(text: bytes, *, origin: str) -> list[object]:
         ) from None
     except RecursionError:
         raise ManifestError(f"{origin}: invalid YAML: nested too deeply") from None
-    except (yaml.YAMLError, ValueError) as exc:  # ValueError: a timestamp such as 2024-13-01
+    except yaml.YAMLError as exc:  # unmarked: the reader's "unacceptable character #x0000"
         raise ManifestError(f"{origin}: invalid YAML: {exc}") from None
+    except _CONSTRUCTOR_FAILURES:  # in the second half of a collection's constructor: no node
+        raise ManifestError(
+            f"{origin}: invalid YAML: a tagged value cannot be constructed"
+        ) from None
 
 
 def _check_depth(source: str, *, origin: str) -> None:
@@ -185,22 +208,24 @@ class _Header:
 
 
 def _convert(document: Mapping[object, object], *, origin: str, where: str) -> KubeObject | None:
-    kind = document.get("kind")
-    api_version = document.get("apiVersion", "v1")
-    if kind not in _KINDS or api_version != "v1":
+    document_reader = Reader(origin, where)
+    kind = document_reader.string(document.get("kind"), "kind")  # as the API decodes: a string
+    api_version = document_reader.string(document.get("apiVersion", "v1"), "apiVersion")
+    if kind not in _KINDS or api_version != _API_VERSIONS.get(kind, "v1"):
         log.debug("%s: %s: skipped kind=%r apiVersion=%r", origin, where, kind, api_version)
         return None
     label = str(kind).lower()
     unnamed = Reader(origin, f"{where} ({label})")
     metadata = unnamed.mapping(document.get("metadata"), "metadata")
     name = unnamed.string(metadata.get("name"), "metadata.name", required=True)
-    if kind == "PersistentVolume":  # cluster-scoped
+    if kind in ("PersistentVolume", "StorageClass"):  # cluster-scoped
         r = Reader(origin, f"{label} {name}")
         r.dns_name(name, "metadata.name", subdomain=True)
         version = r.string(metadata.get("resourceVersion"), "metadata.resourceVersion")
-        return _persistent_volume(
-            r, document=document, header=_Header("", name, ResourceVersion(version), metadata)
-        )
+        header = _Header("", name, ResourceVersion(version), metadata)
+        if kind == "StorageClass":
+            return _storage_class(r, document=document, header=header)
+        return _persistent_volume(r, document=document, header=header)
     namespace = unnamed.string(metadata.get("namespace"), "metadata.namespace") or "default"
     r = Reader(origin, f"{label} {namespace}/{name}")
     r.dns_name(name, "metadata.name", subdomain=True)
@@ -216,7 +241,11 @@ def _convert(document: Mapping[object, object], *, origin: str, where: str) -> K
     return _pod(r, document=document, header=header)
 
 
-_KINDS = frozenset({"Pod", "ConfigMap", "Secret", "PersistentVolume", "PersistentVolumeClaim"})
+_KINDS = frozenset(
+    {"Pod", "ConfigMap", "Secret", "PersistentVolume", "PersistentVolumeClaim", "StorageClass"}
+)
+_API_VERSIONS = {"StorageClass": "storage.k8s.io/v1"}
+"""The apiVersion of the kinds outside core/v1."""
 _PV_TYPES = ("nfs", "local", "hostPath")
 
 
@@ -235,17 +264,19 @@ def _persistent_volume(
     else:
         others = [str(k) for k in spec if str(k) not in _PV_SPEC_FIELDS]
         source = model.UnsupportedVolumeSource(type_name=others[0] if others else "none")
-    claim_ref = None
+    claim_ref, claim_uid = None, ""
     if spec.get("claimRef") is not None:
         ref = r.mapping(spec.get("claimRef"), "spec.claimRef")
         claim_ref = (
             r.string(ref.get("namespace"), "spec.claimRef.namespace") or "default",
             r.string(ref.get("name"), "spec.claimRef.name", required=True),
         )
+        claim_uid = r.string(ref.get("uid"), "spec.claimRef.uid")
     options = [
         r.string(o, f"spec.mountOptions[{i}]")
         for i, o in enumerate(r.sequence(spec.get("mountOptions") or [], "spec.mountOptions"))
     ]
+    capacity = r.quantity_map(spec.get("capacity"), "spec.capacity")
     return model.PersistentVolume(
         header.name,
         header.resource_version,
@@ -254,6 +285,64 @@ def _persistent_volume(
         annotations=r.string_map(header.metadata.get("annotations"), "metadata.annotations"),
         claim_ref=claim_ref,
         storage_class_name=r.string(spec.get("storageClassName"), "spec.storageClassName"),
+        claim_uid=claim_uid,
+        reclaim_policy=_choice(
+            r, spec.get("persistentVolumeReclaimPolicy"), "spec.persistentVolumeReclaimPolicy",
+            ("Delete", "Recycle", "Retain"),
+        ),
+        capacity=capacity.get("storage", ""),
+        node_names=_node_names(r, spec.get("nodeAffinity")),
+    )  # fmt: skip
+
+
+_HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def _node_names(r: Reader, value: object) -> tuple[str, ...]:
+    """The hostnames of `nodeAffinity.required` terms `kubernetes.io/hostname In [...]`; other
+    terms are not read (fusevol does not schedule)."""
+    required = r.mapping(
+        r.mapping(value, "spec.nodeAffinity").get("required"), "spec.nodeAffinity.required"
+    )
+    terms = "spec.nodeAffinity.required.nodeSelectorTerms"
+    names: list[str] = []
+    for i, term in enumerate(r.sequence(required.get("nodeSelectorTerms"), terms)):
+        at = f"{terms}[{i}].matchExpressions"
+        expressions = r.sequence(r.mapping(term, f"{terms}[{i}]").get("matchExpressions"), at)
+        for j, raw in enumerate(expressions):
+            expression = r.mapping(raw, f"{at}[{j}]")
+            if expression.get("key") == _HOSTNAME_LABEL and expression.get("operator") == "In":
+                values = r.sequence(expression.get("values"), f"{at}[{j}].values")
+                names += [r.string(v, f"{at}[{j}].values[{k}]") for k, v in enumerate(values)]
+    return tuple(names)
+
+
+def _choice(r: Reader, value: object, path: str, allowed: tuple[str, ...]) -> str:
+    """An optional enum field: "" when absent, else one of `allowed` (the API's message)."""
+    text = r.string(value, path)
+    if text and text not in allowed:
+        supported = ", ".join(quote(a) for a in allowed)
+        r.fail(path, f"unsupported value {quote(text)}: supported values: {supported}")
+    return text
+
+
+def _storage_class(
+    r: Reader, *, document: Mapping[object, object], header: _Header
+) -> model.StorageClass:
+    """`ValidateStorageClass`: a provisioner; reclaimPolicy Delete or Retain (default Delete);
+    volumeBindingMode Immediate or WaitForFirstConsumer (default Immediate)."""
+    provisioner = r.string(document.get("provisioner"), "provisioner", required=True)
+    reclaim = r.string(document.get("reclaimPolicy"), "reclaimPolicy") or "Delete"
+    _choice(r, reclaim, "reclaimPolicy", ("Delete", "Retain"))
+    mode = r.string(document.get("volumeBindingMode"), "volumeBindingMode") or "Immediate"
+    _choice(r, mode, "volumeBindingMode", ("Immediate", "WaitForFirstConsumer"))
+    return model.StorageClass(
+        header.name,
+        header.resource_version,
+        provisioner,
+        parameters=r.string_map(document.get("parameters"), "parameters"),
+        reclaim_policy=reclaim,
+        volume_binding_mode=mode,
     )
 
 
@@ -276,10 +365,15 @@ def _claim(
     r: Reader, *, document: Mapping[object, object], header: _Header
 ) -> model.PersistentVolumeClaim:
     spec = r.mapping(document.get("spec") or {}, "spec")
+    resources = r.mapping(spec.get("resources"), "spec.resources")
+    requests = r.quantity_map(resources.get("requests"), "spec.resources.requests")
     return model.PersistentVolumeClaim(
         *header.identity,
         volume_name=r.string(spec.get("volumeName"), "spec.volumeName"),
         storage_class_name=r.string(spec.get("storageClassName"), "spec.storageClassName"),
+        uid=r.string(header.metadata.get("uid"), "metadata.uid"),
+        storage_request=requests.get("storage", ""),
+        annotations=r.string_map(header.metadata.get("annotations"), "metadata.annotations"),
     )
 
 
@@ -351,6 +445,7 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         service_account_name=r.string(spec.get("serviceAccountName"), "spec.serviceAccountName")
         or r.string(spec.get("serviceAccount"), "spec.serviceAccount")
         or "default",
+        origin=r.origin,
     )
 
 

@@ -10,6 +10,8 @@ a container and a cpu, memory, ephemeral-storage or hugepages limit or request, 
 the API's list; serviceAccountToken between 10 minutes and 2^32 seconds; no item path twice across
 a projected volume's sources. Any other type becomes `UnsupportedVolumeSource`, and so does a
 projected volume with a clusterTrustBundle or podCertificate source, which the model cannot carry.
+The mount-backed types are read here too: nfs, hostPath, emptyDir, persistentVolumeClaim and
+gitRepo (a repository is required; its directory is relative and has no '..' element).
 
 Narrower than the API server: a divisor must be spelled as in its list (`1Mi`), since the API
 server compares the canonical form (`1024Ki` passes there) and `fusevol.source` may not import
@@ -108,6 +110,8 @@ def _volume_source(r: Reader, *, type_name: str, value: object, path: str) -> mo
             "" if limit is None else r.quantity_map({"sizeLimit": limit}, path)["sizeLimit"]
         )
         return model.EmptyDirVolumeSource(medium, size_limit)
+    if type_name == "gitRepo":
+        return _git_repo(r, value, path)
     if type_name == "persistentVolumeClaim":
         source = r.mapping(value, path)
         return model.PersistentVolumeClaimVolumeSource(
@@ -125,6 +129,20 @@ def _volume_source(r: Reader, *, type_name: str, value: object, path: str) -> mo
     if type_name == "configMap":
         return model.ConfigMapVolumeSource(name, items, default_mode, optional)
     return model.SecretVolumeSource(name, items, default_mode, optional)
+
+
+def _git_repo(r: Reader, value: object, path: str) -> model.GitRepoVolumeSource:
+    """`validateGitRepoVolumeSource`: a repository, and a directory that is a local descending
+    path. What kubelet checks again at set-up (no leading '-') is left to it."""
+    source = r.mapping(value, path)
+    repository = r.string(source.get("repository"), f"{path}.repository", required=True)
+    directory = r.string(source.get("directory"), f"{path}.directory")
+    if directory.startswith("/"):
+        r.fail(f"{path}.directory", f"invalid value {quote(directory)}: must be a relative path")
+    if ".." in directory.split("/"):
+        r.fail(f"{path}.directory", f"invalid value {quote(directory)}: must not contain '..'")
+    revision = r.string(source.get("revision"), f"{path}.revision")
+    return model.GitRepoVolumeSource(repository, revision, directory)
 
 
 def persistent_source(

@@ -279,8 +279,8 @@ SETUP_ERRORS = [
         id="path-nul",
     ),
     pytest.param(
-        "    - {name: bad, gitRepo: {repository: 'https://example.com/x'}}\n",
-        "volume type 'gitRepo' is not supported by fusevol",
+        "    - {name: bad, cephfs: {monitors: ['10.0.0.1:6789']}}\n",
+        "volume type 'cephfs' is not supported by fusevol",
         id="unknown-volume-type",
     ),
     pytest.param(
@@ -325,11 +325,6 @@ def test_failed_volume_logs_one_error_line_across_retries(served: Served) -> Non
     wait_for(lambda: not (served.agent.root / "pods" / uid).exists())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: a volume's set-up error line names only the unique volume name (pod uid), not "
-    "the pod namespace/name nor its manifest file, which the README promises for a missing key",
-)
 def test_setup_error_line_names_the_pod_and_its_file(served: Served) -> None:
     uid = "cccccccc-2222-4000-8000-000000000001"
     tail = served.drop(
@@ -463,10 +458,6 @@ def test_teardown_never_follows_symlinks_out_of_a_volume(served: Served) -> None
 # -- secrets in error lines -----------------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: manifest._load logs str(ValueError) of PyYAML's int/float constructors: the value",
-)
 def test_bad_secret_edit_never_logs_the_value(served: Served) -> None:
     marker = base64.b32encode(os.urandom(10)).decode().lower()
     tail = served.drop(
@@ -496,12 +487,6 @@ def test_special_files_in_the_manifest_directory_are_skipped(served: Served) -> 
     (served.manifests / "dir.yaml").rmdir()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: AgentAlreadyRunning reaches cli.main wrapped in trio's ExceptionGroup, so "
-    "`except FusevolError` misses it: a traceback instead of the one-line error cli.py promises",
-)
 def test_second_agent_on_the_same_root_says_so_in_one_line(served: Served) -> None:
     result = subprocess.run(
         [

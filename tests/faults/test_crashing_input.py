@@ -42,13 +42,6 @@ CRASHING = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: parse_manifest raises TypeError/AttributeError/ValueError for these; "
-    "ManifestSource._read_files catches only ManifestError, so the source task dies and "
-    "takes the whole agent down",
-)
 @pytest.mark.parametrize(("name", "content"), CRASHING)
 def test_agent_survives_a_file_the_parser_chokes_on(
     manifests: Path, tmp_path: Path, name: str, content: bytes
@@ -80,13 +73,6 @@ def test_agent_survives_a_file_the_parser_chokes_on(
         agent.stop()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: _reader._QUANTITY backtracks quadratically on a long non-quantity "
-    "('1' * 30000 + 'x': ~3.5 s, 100 KB: ~40 s); `re` holds the GIL in the parse thread, "
-    "so the trio thread cannot answer any FUSE request meanwhile",
-)
 def test_long_quantity_does_not_stall_the_served_volumes(manifests: Path, tmp_path: Path) -> None:
     with agent_on(manifests, tmp_path / "root") as agent:
         agent.wait_state(HEALTHY_UID, "config", "mounted")

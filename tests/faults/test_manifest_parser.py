@@ -5,15 +5,13 @@ In-process and fast. Three parts:
 - inputs the parser must accept because kubelet rejects them later (when it writes the payload),
   checked one level down, at the projection;
 - seeded random inputs (hypothesis is not installed): every outcome is a list of objects or a
-  ManifestError whose message starts with the file name. Exceptions of a known, reported bug are
-  tolerated only while that bug's own reproducer (an xfail test below) still fails.
+  ManifestError whose message starts with the file name.
 """
 
 from __future__ import annotations
 
 import json
 import random
-import traceback
 from typing import TYPE_CHECKING
 
 import pytest
@@ -281,9 +279,9 @@ def test_ten_thousand_keys_are_accepted() -> None:
 
 
 def test_unknown_volume_type_is_parsed_as_unsupported() -> None:
-    (obj,) = parse_manifest(pod("{name: v, gitRepo: {repository: x}}").encode(), origin=ORIGIN)
+    (obj,) = parse_manifest(pod("{name: v, cephfs: {monitors: [x]}}").encode(), origin=ORIGIN)
     assert isinstance(obj, Pod)
-    assert obj.volumes[0].source == UnsupportedVolumeSource(type_name="gitRepo")
+    assert obj.volumes[0].source == UnsupportedVolumeSource(type_name="cephfs")
 
 
 # -- accepted by the parser, refused when the payload is built (as kubelet does) ------------------
@@ -376,11 +374,6 @@ UNHASHABLE_KIND = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=TypeError,
-    reason="BUG: manifest._convert tests `kind not in _KINDS` on an unhashable kind: TypeError",
-)
 @pytest.mark.parametrize(("text", "origin"), UNHASHABLE_KIND)
 def test_unhashable_kind(text: bytes, origin: str) -> None:
     _raises_only_manifest_error(text, origin)
@@ -395,21 +388,11 @@ BAD_TAGGED_SCALARS = [
 ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=(AttributeError, KeyError, IndexError),
-    reason="BUG: manifest._load catches only YAMLError/ValueError from PyYAML's constructors",
-)
 @pytest.mark.parametrize("text", BAD_TAGGED_SCALARS)
 def test_malformed_tagged_scalar(text: bytes) -> None:
     _raises_only_manifest_error(text, ORIGIN)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=ValueError,
-    reason="BUG: manifest._load (JSON branch) lets int()'s 4300-digit limit ValueError escape",
-)
 def test_json_integer_over_4300_digits() -> None:
     _raises_only_manifest_error(b'{"kind": "ConfigMap", "x": ' + b"1" * 4301 + b"}", JSON_ORIGIN)
 
@@ -427,20 +410,8 @@ SECRET_VALUE_ERRORS = [
     pytest.param(f"stringData:\n  token: {MARKER}\n  token: {MARKER}", id="duplicate-key"),
     pytest.param(f"stringData:\n  token: |\n {MARKER}\n\tx", id="tab-indent"),
     pytest.param(f"stringData: {{token: {MARKER}\x00}}", id="nul"),
-    pytest.param(
-        f"stringData: {{token: !!int {MARKER}}}",
-        id="int-tag",
-        marks=pytest.mark.xfail(
-            strict=True, reason="BUG: manifest._load puts str(ValueError) (the value) in the error"
-        ),
-    ),
-    pytest.param(
-        f"stringData: {{token: !!float {MARKER}}}",
-        id="float-tag",
-        marks=pytest.mark.xfail(
-            strict=True, reason="BUG: manifest._load puts str(ValueError) (the value) in the error"
-        ),
-    ),
+    pytest.param(f"stringData: {{token: !!int {MARKER}}}", id="int-tag"),
+    pytest.param(f"stringData: {{token: !!float {MARKER}}}", id="float-tag"),
 ]
 
 
@@ -451,41 +422,6 @@ def test_error_messages_never_quote_secret_values(body: str) -> None:
 
 
 # -- seeded random inputs -------------------------------------------------------------------------
-
-
-def _innermost(exc: BaseException, package: str) -> str:
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f"/{package}/" in f.filename]
-    return frames[-1].name if frames else ""
-
-
-KNOWN_BUGS: dict[str, tuple[bytes, str, Callable[[BaseException], bool]]] = {
-    # name: (reproducer, its origin, does this exception belong to that bug?)
-    "unhashable kind": (
-        b"kind: [x]\n",
-        ORIGIN,
-        lambda e: isinstance(e, TypeError) and _innermost(e, "fusevol") == "_convert",
-    ),
-    "malformed tagged scalar": (
-        b"a: !!timestamp x\n",
-        ORIGIN,
-        lambda e: _innermost(e, "yaml").startswith("construct_yaml_"),
-    ),
-    "JSON integer digits": (
-        b'{"x": ' + b"1" * 4301 + b"}",
-        JSON_ORIGIN,
-        lambda e: isinstance(e, ValueError) and "digits" in str(e),
-    ),
-}
-
-
-def _still_broken(reproducer: bytes, origin: str) -> bool:
-    try:
-        parse_manifest(reproducer, origin=origin)
-    except ManifestError:
-        return False
-    except Exception:
-        return True
-    return False
 
 
 GENERATORS = [
@@ -500,12 +436,7 @@ GENERATORS = [
 def test_random_input_gives_objects_or_a_manifest_error(
     generate: Callable[[random.Random], tuple[str, bytes]], count: int
 ) -> None:
-    tolerated = {
-        name: belongs
-        for name, (reproducer, origin, belongs) in KNOWN_BUGS.items()
-        if _still_broken(reproducer, origin)
-    }
-    outcomes = {"objects": 0, "error": 0, "known bug": 0}
+    outcomes = {"objects": 0, "error": 0}
     for seed in range(count):
         name, data = generate(random.Random(f"{generate.__name__}-{seed}"))
         origin = f"/manifests/{name}"
@@ -517,11 +448,9 @@ def test_random_input_gives_objects_or_a_manifest_error(
             if not message.startswith(origin + ": "):
                 raise AssertionError(f"seed {seed}: {data!r}: {message}") from exc
         except Exception as exc:
-            if not any(belongs(exc) for belongs in tolerated.values()):
-                raise AssertionError(
-                    f"seed {seed} of {generate.__name__}: {data!r}\n{type(exc).__name__}: {exc}"
-                ) from exc
-            outcomes["known bug"] += 1
+            raise AssertionError(
+                f"seed {seed} of {generate.__name__}: {data!r}\n{type(exc).__name__}: {exc}"
+            ) from exc
         else:
             outcomes["objects"] += 1
     # Not vacuous: the generator reaches past the decoder, and most inputs are refused.

@@ -70,7 +70,7 @@ POD_NFS = Pod(
     "ns",
     "n",
     ResourceVersion("100"),
-    volumes=(CFG, Volume(VolumeName("data"), UnsupportedVolumeSource(type_name="gitRepo"))),
+    volumes=(CFG, Volume(VolumeName("data"), UnsupportedVolumeSource(type_name="cephfs"))),
 )
 A_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-a-cfg")
 B_CFG = UniqueVolumeName("kubernetes.io/configmap/uid-b-cfg")
@@ -159,8 +159,9 @@ class RecordingExecutor(Executor):
         run: Callable[[], Awaitable[None]],
         *,
         inputs: Hashable = None,
+        subject: str = "",
     ) -> None:
-        super().start(name, operation, run, inputs=inputs)
+        super().start(name, operation, run, inputs=inputs, subject=subject)
         self.started.append((operation, name))
 
 
@@ -446,11 +447,11 @@ async def test_unsupported_volume_keeps_failing_with_a_clear_error(
     assert [c.time for c in world.volumes.calls_of(N_DATA)] == BACKOFF_TIMES
     status = world.executor.status(N_DATA)
     assert status is not None
-    assert status.last_error == "volume type 'gitRepo' is not supported by fusevol"
+    assert status.last_error == "volume type 'cephfs' is not supported by fusevol"
     assert status.retry_at == 7.5 + 8
     [error] = error_lines(caplog)
     assert f"volume={N_DATA}" in error
-    assert "'gitRepo' is not supported" in error
+    assert "'cephfs' is not supported" in error
 
 
 async def test_executor_forgets_volumes_whose_pod_is_gone(

@@ -1,0 +1,103 @@
+"""The benchmark table of issue 7: every row is fusevol beside a baseline measured in the same run.
+
+    .venv/bin/python -m bench [--quick]          (root: real mounts and the real agent)
+
+Rows, each from one module of this package (run alone for details):
+  1-2  hot and cold read of a 1 KiB key, vs the same layout on tmpfs        read_path.py
+  3    update propagation, manifest save -> visible, p50/p99 of 100         update_latency.py
+       (API write -> visible: bench/api_latency.py, when the API source is built)
+  4    fan-out: N pods on one 256 KiB ConfigMap vs N AtomicWriter copies    fanout.py
+  5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
+  6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench import cold_throughput, fanout, many_volumes, read_path, update_latency
+
+
+def _percentile(values: list[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(fraction * len(ordered)) - 1)]
+
+
+def _row(what: str, fusevol: str, baseline: str, ratio: str) -> None:
+    print(f"{what:<44} | {fusevol:<24} | {baseline:<30} | {ratio}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer iterations, pods up to 100")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        sys.exit("bench needs root: it mounts tmpfs and runs the agent's FUSE mount")
+    started = time.monotonic()
+    iterations, versions = (10_000, 20) if args.quick else (50_000, 50)
+    edits = 30 if args.quick else 100
+    fanout_pods = (10, 100) if args.quick else (10, 100, 1000)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        setups, _ = read_path.run(Path(tmp), iterations=iterations, versions=versions)
+    updates = update_latency.measure(edits)
+    fan = [(n, fanout.fusevol(n), fanout.kubelet(n)) for n in fanout_pods]
+    many = many_volumes.measure(100)
+    cold = cold_throughput.measure(2000, 3 if args.quick else 5)
+
+    _row("row", "fusevol", "baseline (same run)", "fusevol vs baseline")
+    print("-" * 120)
+    tmpfs_setup, fusevol_setup = setups
+    for label, attr in (("hot", "hot_ns"), ("cold", "cold_ns")):
+        f = statistics.median(getattr(fusevol_setup, attr)) / 1e3
+        t = statistics.median(getattr(tmpfs_setup, attr)) / 1e3
+        what = f"1-2 {label} read, 1 KiB key, open+read+close"
+        _row(what, f"{f:.1f} µs", f"tmpfs, kubelet layout {t:.1f} µs", f"{f / t:.2f}x the time")
+    p50, p99 = statistics.median(updates), _percentile(updates, 0.99)
+    _row(
+        f"3   update, manifest save -> visible ({edits})",
+        f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms",
+        "kubelet bound 60-120 s (doc.)",
+        f"{60 / p99:,.0f}x faster (p99 vs 60 s)",
+    )
+    for n, (setup, base_rss, rss, update), (k_setup, k_update, k_bytes) in fan:
+        _row(
+            f"4   fan-out {n} pods, 256 KiB CM: set-up",
+            f"{setup:.2f} s, RSS +{rss - base_rss:.1f} MiB",
+            f"{k_setup:.2f} s, {k_bytes / 2**20:.0f} MiB written",
+            f"{setup / k_setup:.2f}x the time, 0 bytes written",
+        )
+        _row(
+            f"    fan-out {n} pods: one update to all",
+            f"{update * 1e3:.0f} ms, 0 bytes written",
+            f"{k_update * 1e3:.0f} ms, {k_bytes / 2**20:.0f} MiB written",
+            f"{update / k_update:.2f}x the time",
+        )
+    _row(
+        "5   one pod, 100 ConfigMap volumes: ready",
+        f"{many.fusevol_s * 1e3:.0f} ms",
+        "kubelet 22-24 s p90 (perf tests)",
+        f"{22 / many.fusevol_s:.0f}x faster; writer alone {many.kubelet_writer_s * 1e3:.0f} ms",
+    )
+    for clients in cold_throughput.CLIENTS:
+        f = statistics.median(cold.fusevol[clients])
+        t = statistics.median(cold.tmpfs[clients])
+        _row(
+            f"6   cold stat+open, {clients} client(s), {cold.keys} keys",
+            f"{f:,.0f} keys/s",
+            f"tmpfs {t:,.0f} keys/s",
+            f"{f / t:.2f}x the throughput",
+        )
+    print(f"(bench ran {time.monotonic() - started:.0f} s)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Dynamic provisioning of node-local PersistentVolumes (`fusevol.provision.hostpath`)."""
