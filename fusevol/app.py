@@ -10,9 +10,15 @@ Start-up order (each `nursery.start` returns once the component is ready):
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
        initial read (the store is synced);
     6. the reconciler.
-A stop (SIGTERM, SIGINT, or cancellation) tears down in reverse: the reconciler and the operations
-in flight are cancelled, every pod volume is unmounted, then the FUSE mount goes. The FUSE server
-keeps answering until the last bind mount of it is gone, so no unmount waits on a dead server.
+Two kinds of stop:
+- SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
+  operations in flight are cancelled and the agent's own FUSE mount goes, but every pod volume
+  stays mounted, as kubelet leaves running pods their volumes. The served ones turn dead when the
+  process exits; the next agent stacks fresh binds on them (reconstruct.py), which containers see
+  through propagation (README, "Restarts").
+- SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
+  FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
+  unmount waits on a dead server. `fusevol teardown` does the same after a handing-over stop.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -34,7 +41,7 @@ from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
-from fusevol.fuse.ops import Operations, is_thread_of_this_process
+from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import serve
 from fusevol.fuse.tree import Tree
@@ -58,7 +65,7 @@ from fusevol.source.provisioned import ManifestVolumeRecorder
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Iterator
+    from collections.abc import AsyncIterator, Iterable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
@@ -70,6 +77,8 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
 """A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
+LOCK_WAIT_S = 10.0
+"""How long a new agent waits for a dying predecessor (killed, not yet gone) to release the lock."""
 
 
 class AgentAlreadyRunning(FusevolError):
@@ -90,7 +99,7 @@ class Agent:
         self.tree = Tree()
         self.operations = Operations(
             self.tree,
-            is_agent=is_thread_of_this_process,
+            is_agent=lambda pid: self.publisher.is_publisher(pid),
             entry_timeout_s=settings.fuse.entry_timeout_s,
             attr_timeout_s=settings.fuse.attr_timeout_s,
         )
@@ -170,6 +179,8 @@ class Agent:
             status=self.status.snapshot,
         )
         self._fuse_up = False
+        self.handover = False
+        """Set before cancelling `run()`: leave the pod volumes mounted for the next agent."""
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -238,7 +249,7 @@ class Agent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root
-        with _locked(layout.agent_dir(root) / "lock"):  # (1)
+        async with _locked(layout.agent_dir(root) / "lock", self.backend, root):  # (1)
             await detach_dead_fuse_mounts(self.backend, root)  # (2)
             for volume in reconstruct(root):
                 self.actual.mark_mounted(volume)
@@ -265,10 +276,13 @@ class Agent:
                         task_status.started()
                 finally:
                     _sd_notify(b"STOPPING=1")
-                    with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
-                        await self.reconciler.unmount_all()
-                        await unmount_all_below(self.backend, layout.pods_dir(root))
-                        await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+                    if self.handover:
+                        log.info("handing over: pod volumes stay mounted for the next agent")
+                    else:
+                        with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
+                            await self.reconciler.unmount_all()
+                            await unmount_all_below(self.backend, layout.pods_dir(root))
+                            await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
                     fuse_scope.cancel()
                     fuse_nursery.cancel_scope.cancel()
 
@@ -290,30 +304,72 @@ class Agent:
 
 
 async def run_until_signalled(settings: Settings) -> None:
-    """Run the agent until SIGTERM or SIGINT, then stop cleanly."""
+    """Run the agent until SIGTERM (then hand over) or SIGINT (then tear down)."""
     agent = Agent(settings)
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             await nursery.start(agent.run)
             async for signum in signals:
-                log.info("stopping on %s", signal.Signals(signum).name)
+                agent.handover = signum == signal.SIGTERM
+                log.info(
+                    "stopping on %s: %s",
+                    signal.Signals(signum).name,
+                    "hand over" if agent.handover else "tear down",
+                )
                 nursery.cancel_scope.cancel()
                 break
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    """Hold an exclusive lock on `path` (created if needed) for the duration of the block."""
+@contextlib.asynccontextmanager
+async def _locked(path: Path, backend: LinuxMountBackend, root: Path) -> AsyncIterator[None]:
+    """Hold an exclusive lock on `path` (created if needed, our pid written in it) for the block.
+
+    A predecessor that was killed may still hold it for a moment while it dies; one stuck on a
+    request to its own FUSE mount would hold it forever, so its connection is aborted (which
+    frees it) and the lock waited for, up to LOCK_WAIT_S. A live agent is refused at once."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise AgentAlreadyRunning(f"another fusevol agent is using {path}") from None
+        deadline = time.monotonic() + LOCK_WAIT_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                if not _is_dying(holder) or time.monotonic() > deadline:
+                    raise AgentAlreadyRunning(
+                        f"another fusevol agent is using {path}"
+                        + (f" (pid {holder})" if holder else "")
+                    ) from None
+                log.info("waiting for the previous agent to exit pid=%s", holder)
+                await backend.unmount(layout.fuse_mountpoint(root), force=True)
+                await trio.sleep(0.05)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         yield
     finally:
         os.close(fd)
+
+
+def _read_pid(fd: int) -> int | None:
+    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
+    return int(text) if text.isdigit() else None
+
+
+def _is_dying(pid: int | None) -> bool:
+    """True if process `pid` is gone, a zombie, or has SIGKILL pending (/proc/PID/status)."""
+    if pid is None:
+        return False
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            fields = dict(line.split(":\t", 1) for line in f if ":\t" in line)
+    except (FileNotFoundError, ProcessLookupError):
+        return True
+    if fields.get("State", "").startswith(("Z", "X")):
+        return True
+    sigkill = 1 << (signal.SIGKILL - 1)
+    return any(int(fields.get(k, "0"), 16) & sigkill for k in ("SigPnd", "ShdPnd"))
 
 
 _OPERATION_NAMES = {"unmount": "volume_unmount", "provision": "provision", "reclaim": "delete"}

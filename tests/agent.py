@@ -1,9 +1,10 @@
 """Run the real agent as a child process, the way a user does, and look at what it serves.
 
-`AgentProcess` starts `python -m fusevol run` on a manifest directory (or, with `manifests=None`,
-on the source its `extra_args` name) and a private root, waits
-until it is ready, and on `stop()` sends SIGTERM and checks that it exited 0 and left no mount
-below its root. The log goes to a file the tests can read (`log_text()`).
+`AgentProcess` starts `python -m fusevol run` on a manifest directory (or, with
+`manifests=None`, on the source its `extra_args` name) and a private root, waits
+until it is ready, and on `stop()` sends SIGINT (the tearing-down stop) and checks that it exited 0
+and left no mount below its root; `hand_over()` sends SIGTERM (the stop that leaves the pod
+volumes mounted for the next agent). The log goes to a file the tests can read (`log_text()`).
 """
 
 from __future__ import annotations
@@ -116,11 +117,19 @@ class AgentProcess:
     def stop(self, *, check_clean: bool = True) -> int:
         assert self.process is not None
         if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
+            self.process.send_signal(signal.SIGINT)
         code = self.process.wait(timeout=60)
         if check_clean:
             assert code == 0, self.log_text()
             assert mounts_below(self.root) == [], self.log_text()
+        return code
+
+    def hand_over(self) -> int:
+        """SIGTERM: the agent exits 0 and leaves every pod volume mounted."""
+        assert self.process is not None
+        self.process.send_signal(signal.SIGTERM)
+        code = self.process.wait(timeout=60)
+        assert code == 0, self.log_text()
         return code
 
     def kill(self) -> None:

@@ -3,9 +3,9 @@
 Each handler converts its arguments, calls the tree, and converts the result to pyfuse3 types;
 only `FUSEError` escapes. The file system is read-only for everyone but the agent itself: the
 structural operations the agent performs through the mount to publish a version (mkdir, symlink,
-rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from a thread of this process
-(`is_agent(ctx.pid)`), and answered EROFS for any other process. Everything that would write file
-data or attributes is EROFS for all.
+rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from the agent's publisher
+(`is_agent(ctx.pid)`: its helper processes, `fusevol.fuse.vfs_helper`), and answered EROFS for any
+other process. Everything that would write file data or attributes is EROFS for all.
 
 Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every

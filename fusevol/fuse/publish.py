@@ -1,7 +1,8 @@
 """Make a new version of a volume visible the way kubelet's AtomicWriter does.
 
 The new version is built in memory (`Tree.build_version`), then switched in by real VFS operations
-on the agent's own mount, from a worker thread: mkdir of the version directory, symlink
+on the agent's own mount, made by a helper process (`fusevol.fuse.vfs_helper`, which says why not a
+thread of the agent): mkdir of the version directory, symlink
 `..data_tmp`, rename onto `..data`, symlinks for new top-level names, unlink of vanished ones, and,
 after a grace period, rmdir of the old version. The kernel thus updates its caches itself, and
 inotify watchers on the volume directory (or on any bind mount of it) see exactly kubelet's events:
@@ -9,6 +10,7 @@ CREATE `..data_tmp`, MOVED_FROM/MOVED_TO `..data`, DELETE of the old version (FU
 No file is ever rewritten, and no notify call is needed.
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
+Only the helpers' pids may perform them (`is_publisher`, checked by `fusevol.fuse.ops`).
 
 The old version stays for `grace_s` after the switch, so a reader that resolved `..data` just before
 the switch still finds its files (FUSE.md fact 6); kubelet deletes it at once, which its tmpfs can
@@ -18,8 +20,12 @@ afford because unlinked dentries stay valid for those who hold them.
 from __future__ import annotations
 
 import contextlib
+import errno
+import json
 import os
 import random
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -45,6 +51,10 @@ class Version:
     dir_mode: int
 
 
+HELPERS = 2
+"""Helper processes: publishes of different volumes run concurrently, each op takes ~1 ms."""
+
+
 @dataclass(frozen=True, slots=True)
 class PublisherStatistics:
     volumes: int
@@ -61,13 +71,27 @@ class Publisher:
         self._publishes = 0
         self._pending_removals = 0
         self._nursery: trio.Nursery | None = None
+        self._idle: list[_Helper] = []
+        self._helpers: dict[int, _Helper] = {}
+        self._available = trio.Semaphore(HELPERS)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Host the delayed removals of old versions until cancelled."""
-        async with trio.open_nursery() as nursery:
-            self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+        """Start the helper processes, host the delayed removals of old versions until cancelled,
+        then stop the helpers: from then on nobody may change the mount."""
+        try:
+            for _ in range(HELPERS):
+                self._idle.append(self._spawn())
+            async with trio.open_nursery() as nursery:
+                self._nursery = nursery
+                task_status.started()
+                await trio.sleep_forever()
+        finally:
+            for helper in list(self._helpers.values()):
+                self._discard(helper)
+
+    def is_publisher(self, pid: int) -> bool:
+        """True if `pid` (a FUSE request's sender) is one of the publisher's helper processes."""
+        return pid > 0 and pid in self._helpers
 
     def path(self, volume: bytes) -> Path:
         """Where the volume's subtree is on the agent's mount (the source of its bind mounts)."""
@@ -100,7 +124,7 @@ class Publisher:
             self._tree.link(root, name.encode(), self._tree.new_dir(mode=nested_mode, gid=gid))
         self._tree.stage(self._tree.root, volume, root)
         try:
-            await trio.to_thread.run_sync(os.mkdir, self.path(volume))
+            await self._vfs("mkdir", self.path(volume))
         finally:
             self._tree.unstage(self._tree.root, volume)
         self._versions[volume] = None
@@ -113,7 +137,7 @@ class Publisher:
         ):
             return
         with contextlib.suppress(FileNotFoundError):
-            await trio.to_thread.run_sync(os.rmdir, self.path(volume))
+            await self._vfs("rmdir", self.path(volume))
 
     async def publish(
         self, volume: bytes, payload: Payload, *, gid: int | None = None, dir_mode: int = 0o755
@@ -145,14 +169,20 @@ class Publisher:
             dir_mode,
         ):  # (4)
             if missing:
-                await trio.to_thread.run_sync(_create_links, root, missing)  # (10)
+                await self._vfs("links", root, sorted(map(os.fsdecode, missing)))  # (10)
             return False
 
         name = self._unused_name(volume_dir)
         version = self._tree.build_version(payload, dir_mode=dir_mode, gid=gid)
         self._tree.stage(volume_dir, name, version)  # (5)
         try:
-            await trio.to_thread.run_sync(_switch, root, name, missing, removed)  # (6)-(11)
+            await self._vfs(  # (6)-(11)
+                "switch",
+                root,
+                os.fsdecode(name),
+                sorted(map(os.fsdecode, missing)),
+                sorted(map(os.fsdecode, removed)),
+            )
         finally:
             self._tree.unstage(volume_dir, name)
         self._versions[volume] = Version(name, payload, gid, dir_mode)
@@ -180,36 +210,86 @@ class Publisher:
         try:
             await trio.sleep(self._grace_s)
             with contextlib.suppress(FileNotFoundError):
-                await trio.to_thread.run_sync(os.rmdir, path)
+                await self._vfs("rmdir", path)
         finally:
             self._pending_removals -= 1
+
+    async def _vfs(self, op: str, *args: object) -> None:
+        """Run one operation of `fusevol.fuse.vfs_helper` in an idle helper; raise its OSError.
+
+        A helper whose request is cancelled, or that died, is killed and replaced: a half-read
+        answer must never reach the next caller. Its request, if the kernel already sent it to
+        us, is still answered by our trio thread, so it dies at once."""
+        request = (json.dumps([op, *map(_jsonable, args)]) + "\n").encode()
+        async with self._available:
+            helper = self._idle.pop() if self._idle else self._spawn()
+            try:
+                answer = await helper.call(request)
+            except BaseException:
+                self._discard(helper)
+                raise
+            self._idle.append(helper)
+        code, message = answer
+        if code:
+            raise OSError(code, message, str(args[0]))
+
+    def _spawn(self) -> _Helper:
+        helper = _Helper()
+        self._helpers[helper.pid] = helper
+        return helper
+
+    def _discard(self, helper: _Helper) -> None:
+        self._helpers.pop(helper.pid, None)
+        with contextlib.suppress(ValueError):
+            self._idle.remove(helper)
+        helper.kill()
+
+
+class _Helper:
+    """One `fusevol.fuse.vfs_helper` process, started from the trio thread (the thread that
+    spawns it is its "parent" for PR_SET_PDEATHSIG: it must live as long as the process)."""
+
+    def __init__(self) -> None:
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "fusevol.fuse.vfs_helper", str(os.getpid())],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,  # above all, not /dev/fuse
+        )
+        assert self._process.stdin is not None
+        assert self._process.stdout is not None
+        self.pid = self._process.pid
+        self._send = trio.lowlevel.FdStream(os.dup(self._process.stdin.fileno()))
+        self._receive = trio.lowlevel.FdStream(os.dup(self._process.stdout.fileno()))
+        self._process.stdin.close()
+        self._process.stdout.close()
+        self._buffer = b""
+
+    async def call(self, request: bytes) -> tuple[int, str]:
+        await self._send.send_all(request)
+        while b"\n" not in self._buffer:
+            chunk = await self._receive.receive_some()
+            if not chunk:
+                raise OSError(errno.EIO, f"publisher helper {self.pid} died")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        code, message = json.loads(line)
+        return int(code), str(message)
+
+    def kill(self) -> None:
+        """Kill the helper, without waiting: a helper whose request is on our own mount dies only
+        once our trio thread (this one) has answered it. It is reaped later (`subprocess`'s own
+        clean-up at the next spawn, or at exit)."""
+        with contextlib.suppress(ProcessLookupError):
+            self._process.kill()
+        self._send.close()
+        self._receive.close()
+        self._process.poll()
 
 
 def _top_level(payload: Payload) -> set[bytes]:
     return {path.split("/", 1)[0].encode() for path in payload}
 
 
-def _switch(root: Path, name: bytes, missing: set[bytes], removed: set[bytes]) -> None:
-    """(6)-(11) of `Publisher.publish`, as VFS operations; runs in a worker thread."""
-    version = root / os.fsdecode(name)
-    tmp = root / os.fsdecode(DATA_TMP)
-    os.mkdir(version)  # (6) the staged content appears whole
-    try:
-        os.symlink(os.fsdecode(name), tmp)  # (8)
-        os.rename(tmp, root / os.fsdecode(DATA))  # (9)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        with contextlib.suppress(OSError):
-            os.rmdir(version)
-        raise
-    _create_links(root, missing)  # (10)
-    for entry in removed:  # (11)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(root / os.fsdecode(entry))
-
-
-def _create_links(root: Path, names: set[bytes]) -> None:
-    for entry in names:
-        with contextlib.suppress(FileExistsError):
-            os.symlink(os.fsdecode(DATA + b"/" + entry), root / os.fsdecode(entry))
+def _jsonable(value: object) -> object:
+    return os.fsdecode(value) if isinstance(value, (bytes, os.PathLike)) else value

@@ -30,6 +30,8 @@ class MountPoint:
     options: tuple[str, ...]
     fstype: str
     source: str
+    device: str = ""
+    """`major:minor` of the mounted file system: the same for every bind of one FUSE connection."""
 
 
 class MountBackend(Protocol):
@@ -44,13 +46,21 @@ class MountBackend(Protocol):
     ) -> None:
         """`mount [-t fstype] [-o options] source target`. No-op if `target` is a mount point."""
 
-    async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
+    async def bind(
+        self, source: Path, target: Path, *, read_only: bool, stack: bool = False
+    ) -> None:
         """Bind-mount `source` at `target`, read-only if asked.
 
-        No-op if `target` is a mount point."""
+        No-op if `target` is a mount point. With `stack`, the bind goes on top of whatever is
+        mounted at `target` (a dead or live bind of a previous agent's FUSE mount), no-op only if
+        the top mount there already is a bind of `source`; and the new mount is made shared, so
+        that the next one stacked on it propagates into containers' rslave copies of it."""
 
-    async def unmount(self, target: Path) -> None:
-        """Unmount `target`; a corrupted mount (its server is gone) is detached lazily.
+    async def unmount(self, target: Path, *, force: bool = False) -> None:
+        """Unmount everything mounted at `target` (a stack of mounts included); a corrupted mount
+        (its server is gone) is detached lazily. With `force`, abort the file system first (for
+        FUSE: its connection, so every mount of it turns dead and a server stuck on it is
+        released), then detach.
 
         No-op if `target` is not a mount point or does not exist.
         """

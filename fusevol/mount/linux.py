@@ -26,6 +26,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 CORRUPTED_ERRNOS = frozenset({errno.ENOTCONN, errno.ESTALE, errno.EIO, errno.EACCES})
+_MAX_STACK = 4096
+"""Mounts stacked at one path that `unmount` removes before it gives up (one per restart of the
+agent for a served volume: README, "Restarts")."""
 _NO_HELPER_FSTYPES = frozenset({None, "tmpfs"})
 """Mounts done by the kernel alone (bind, tmpfs): no helper process to keep alive."""
 
@@ -76,26 +79,35 @@ class LinuxMountBackend:
             argv, shown = scope + argv, scope + shown
         await self._run(argv, shown=shown)
 
-    async def bind(self, source: Path, target: Path, *, read_only: bool) -> None:
-        if self.is_mount_point(target):
+    async def bind(
+        self, source: Path, target: Path, *, read_only: bool, stack: bool = False
+    ) -> None:
+        if self._is_bind_of(source, target) if stack else self.is_mount_point(target):
             return
+        # mount(8) does not stat the target: a dead FUSE mount there is a valid mount point.
         await self._run(["mount", "--bind", str(source), str(target)])
-        if read_only:
-            try:
+        try:
+            if read_only:
                 await self._run(["mount", "-o", "remount,bind,ro", str(target)])
-            except MountError:
-                await self.unmount(target)
-                raise
+            if stack:
+                await self._run(["mount", "--make-shared", str(target)])
+        except MountError:
+            await self._run(["umount", "-l", str(target)])  # only the layer just added
+            raise
 
-    async def unmount(self, target: Path) -> None:
-        if not self.is_mount_point(target):
-            return
-        # stat() may reach a FUSE server, possibly our own: never on the trio thread.
-        corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
-        if corrupted:
-            await self._run(["umount", "-l", str(target)])
-        else:
-            await self._run(["umount", str(target)])
+    async def unmount(self, target: Path, *, force: bool = False) -> None:
+        for _ in range(_MAX_STACK):
+            if not self.is_mount_point(target):
+                return
+            if force:
+                # MNT_FORCE calls the file system's umount_begin (FUSE: abort the connection)
+                # before MNT_DETACH: no stat, which would hang on a stuck server.
+                await self._run(["umount", "--force", "--lazy", str(target)])
+                continue
+            # stat() may reach a FUSE server, possibly our own: never on the trio thread.
+            corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
+            await self._run(["umount", *(["-l"] if corrupted else []), str(target)])
+        raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
 
     def mount_points(self) -> tuple[MountPoint, ...]:
         with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
@@ -104,6 +116,22 @@ class LinuxMountBackend:
     def is_mount_point(self, path: Path) -> bool:
         wanted = os.path.abspath(path)
         return any(mp.path == wanted for mp in self.mount_points())
+
+    def _is_bind_of(self, source: Path, target: Path) -> bool:
+        """True if the top mount at `target` shows the same file system subtree as `source`."""
+        table = self.mount_points()
+        top = _top_mount(table, os.path.abspath(target))
+        if top is None:
+            return False
+        source_path = os.path.abspath(source)
+        holders = [mp for mp in table if _is_within(source_path, mp.path)]
+        if not holders:
+            return False
+        holder = _top_mount(table, max((mp.path for mp in holders), key=len))
+        assert holder is not None
+        relative = os.path.relpath(source_path, holder.path)
+        root = os.path.normpath(os.path.join(holder.root, relative))
+        return (top.device, top.root) == (holder.device, root)
 
     async def _run(self, argv: list[str], *, shown: list[str] | None = None) -> None:
         printable = " ".join(shown or argv)
@@ -135,6 +163,17 @@ def _is_corrupted(path: Path) -> bool:
     return False
 
 
+def _top_mount(table: tuple[MountPoint, ...], path: str) -> MountPoint | None:
+    """The mount that hides the others mounted at `path`: none of them is mounted on it."""
+    at_path = [mp for mp in table if mp.path == path]
+    covered = {mp.parent_id for mp in at_path}
+    return next((mp for mp in reversed(at_path) if mp.mount_id not in covered), None)
+
+
+def _is_within(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(os.path.join(directory, ""))
+
+
 def _unescape(field: str) -> str:
     """mountinfo escapes space, tab, newline and backslash as octal `\\ooo`."""
     if "\\" not in field:
@@ -156,6 +195,7 @@ def _parse_mountinfo_line(line: str) -> MountPoint:
     return MountPoint(
         mount_id=int(fields[0]),
         parent_id=int(fields[1]),
+        device=fields[2],
         root=_unescape(fields[3]),
         path=_unescape(fields[4]),
         options=tuple(fields[5].split(",")),

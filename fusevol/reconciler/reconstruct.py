@@ -1,13 +1,14 @@
 """What the agent finds on the node when it starts, and the last sweep when it stops.
 
 Reconstruction (kubelet's `reconstruct.go`, KUBELET.md A9), in order:
-    (1) The previous agent's FUSE mount and every bind of it are dead (their content lived in
-        that process's memory): detach them, deepest first. Nothing else is unmounted.
+    (1) The previous agent's own FUSE mount is dead (its content lived in that process's
+        memory): abort and detach it. Its binds at pod volume directories stay, dead: the new
+        binds are stacked on them, which is how containers that bound them recover.
     (2) Every `<root>/pods/<uid>/volumes/<plugin dir>/<spec name>` becomes an actual-state entry
         marked UNCERTAIN. The reconciler then sets up those still desired — a no-op for a mount
         that is still there (nfs, local, emptyDir keep their mount and its ID), a fresh serve for
-        the volumes served from memory — and tears down the others once every source has been
-        read completely (nothing is torn down before that).
+        the volumes served from memory, stacked on the dead bind — and tears down the others
+        once every source has been read completely (nothing is torn down before that).
 A pod directory is removed only when nothing is left below its `volumes/`.
 """
 
@@ -32,10 +33,16 @@ log = logging.getLogger(__name__)
 
 
 async def detach_dead_fuse_mounts(backend: MountBackend, root: Path) -> int:
-    """(1) Unmount every mount of a fusevol FUSE file system below `root`, deepest first."""
-    prefix = os.path.join(root, "")
-    dead = {mp.path for mp in backend.mount_points() if mp.fstype == layout.FUSE_FSTYPE}
-    return await _unmount_deepest_first(backend, [p for p in dead if p.startswith(prefix)])
+    """(1) Abort and detach a previous agent's own FUSE mount (below `<root>/fusevol`), deepest
+    first. Aborting releases a predecessor stuck on its own mount. Pod volume binds stay: the new
+    binds are stacked on them (containers holding rslave copies of them then see the new ones)."""
+    prefix = os.path.join(layout.agent_dir(root), "")
+    dead = {
+        mp.path
+        for mp in backend.mount_points()
+        if mp.fstype == layout.FUSE_FSTYPE and os.path.join(mp.path, "").startswith(prefix)
+    }
+    return await _unmount_deepest_first(backend, list(dead), force=True)
 
 
 async def unmount_all_below(backend: MountBackend, root: Path) -> int:
@@ -106,11 +113,13 @@ def remove_pod_dirs(pods_dir: Path) -> None:
             remove_pod_dir(pod_dir, with_volume_dirs=True)
 
 
-async def _unmount_deepest_first(backend: MountBackend, paths: list[str]) -> int:
+async def _unmount_deepest_first(
+    backend: MountBackend, paths: list[str], *, force: bool = False
+) -> int:
     count = 0
     for path in sorted(paths, key=lambda p: (-p.count(os.sep), p)):
         try:
-            await backend.unmount(Path(path))
+            await backend.unmount(Path(path), force=force)
             count += 1
             log.info("mount removed path=%s", path)
         except MountError as exc:

@@ -4,9 +4,11 @@ configMap, secret, downwardAPI and projected volumes; their payload rules are in
 `fusevol.projection`, their fsGroup ownership in `fusevol.projection.ownership`.
 
 A served volume is three things: a subtree on the agent's FUSE mount holding kubelet's
-AtomicWriter layout, the pod volume directory, and a read-only bind mount of the first on the
-second. Containers always get these volume types read-only (KUBELET.md A1), so the bind is too;
-only the agent writes, through its own mount.
+AtomicWriter layout, the pod volume directory, and a read-only, shared bind mount of the first on
+the second. After a restart the new bind is stacked on the previous agent's (dead or handed-over)
+one, so that containers whose copy of it receives propagation (rslave) switch to the new one; the
+covered one goes when the volume is torn down. Containers always get these volume types read-only
+(KUBELET.md A1), so the bind is too; only the agent writes, through its own mount.
 
 Every operation renders the payload first, so bad input (a missing object or key, an invalid path)
 fails before anything on the node changes: a new volume leaves nothing behind, and a served one
@@ -113,8 +115,11 @@ class ServedVolumes:
                 nested_mode=ownership.dir_mode(0o755, fs_group),
             )
             await self._publish(name, volume, payload)
-            await trio.to_thread.run_sync(mkdir_all, target, 0o750)
-            await self._backend.bind(self._publisher.path(name), target, read_only=True)
+            if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
+                await trio.to_thread.run_sync(mkdir_all, target, 0o750)
+            # Stacked on a predecessor's bind, so that containers holding an rslave copy of it
+            # see the new one (README, "Restarts"); a no-op if ours is already there.
+            await self._backend.bind(self._publisher.path(name), target, read_only=True, stack=True)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.tear_down(volume.pod.uid, volume.spec_name, target)

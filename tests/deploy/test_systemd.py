@@ -199,7 +199,9 @@ def test_restarts_forever_and_stops_cleanly(unit: Unit) -> None:
     assert only(unit, "Service", "Restart") == "always"
     assert only(unit, "Unit", "StartLimitIntervalSec") == "0"
     assert timespan_s(only(unit, "Service", "RestartSec")) > 0
-    assert only(unit, "Service", "KillSignal") == "SIGTERM"  # run_until_signalled's clean stop
+    assert (
+        only(unit, "Service", "KillSignal") == "SIGTERM"
+    )  # run_until_signalled's handing-over stop
     # Past the agent's own limit on unmounting, or systemd's SIGKILL cuts the clean stop short.
     assert timespan_s(only(unit, "Service", "TimeoutStopSec")) > app.STOP_TIMEOUT_S + 10
 

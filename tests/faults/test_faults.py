@@ -267,10 +267,23 @@ def _start(manifests: Path, root: Path, generation: int) -> AgentProcess:
     return agent.start()
 
 
-def _mount_count(root: Path) -> tuple[int, int]:
-    """(mounts, distinct mount points) below `root`."""
-    mounts = mounts_below(root)
-    return len(mounts), len(set(mounts))
+def _stacks_ok(root: Path, *, layers: int) -> bool:
+    """One FUSE mount below `root`, and six pod volume binds, each `layers` mounts deep with a
+    bind of that FUSE mount on top."""
+    lines = [line.split() for line in mountinfo_below(root)]
+    fuse = [f for f in lines if f[4] == str(root / "fusevol" / "mnt")]
+    stacks: dict[str, list[list[str]]] = {}
+    for fields in lines:
+        if fields[4] != str(root / "fusevol" / "mnt"):
+            stacks.setdefault(fields[4], []).append(fields)
+    if len(fuse) != 1 or len(stacks) != 6:
+        return False
+    for mounts in stacks.values():
+        covered = {m[1] for m in mounts}
+        (top,) = [m for m in mounts if m[0] not in covered]
+        if len(mounts) != layers or top[2] != fuse[0][2]:
+            return False
+    return True
 
 
 def _kill_9(agent: AgentProcess) -> str:
@@ -310,12 +323,13 @@ def test_agent_killed_while_publishing_restarts_into_one_complete_version(
         for iteration in range(20):
             agent = _start(update_manifests, root, iteration)
             wait_for(lambda a=agent, v=version: _served_volumes_are_whole(a, v), timeout_s=15)  # type: ignore[misc]
-            # One FUSE mount, four binds for this pod and two for the healthy one; nothing
-            # stacked on a dead predecessor's mount (the emptyDir is a plain directory, kept).
-            # Polled: the healthy pod may still be set up, and mountinfo read while mounts
-            # change can show an entry twice.
+            # One FUSE mount, four binds for this pod and two for the healthy one, each a live
+            # bind of that FUSE mount stacked on one dead bind per predecessor (containers that
+            # hold a copy of a dead one switch to the new one through it); the emptyDir is a
+            # plain directory, kept. Polled: the healthy pod may still be set up, and mountinfo
+            # read while mounts change can show an entry twice.
             try:
-                wait_for(lambda: _mount_count(root) == (7, 7), timeout_s=10)
+                wait_for(lambda i=iteration: _stacks_ok(root, layers=i + 1), timeout_s=10)  # type: ignore[misc]
             except TimeoutError:
                 raise AssertionError("\n".join(mountinfo_below(root))) from None
             scratch = agent.volume(UPDATE_UID, "empty-dir", "scratch")
@@ -361,9 +375,21 @@ def _dup_fuse_fd(pid: int) -> int:
     return fd
 
 
+def _sent_by_agent(agent_pid: int, sender: int) -> bool:
+    """True if thread `sender` belongs to the agent or to one of its child processes (the
+    publisher's helpers)."""
+    if os.path.exists(f"/proc/{agent_pid}/task/{sender}"):
+        return True
+    try:
+        with open(f"/proc/{sender}/stat") as f:
+            return int(f.read().rsplit(") ", 1)[1].split()[1]) == agent_pid
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
 class RequestThief:
-    """Reads requests off the agent's FUSE connection until it holds one sent by a thread of the
-    agent itself, and keeps it unanswered: the state a SIGKILL finds when it lands while the
+    """Reads requests off the agent's FUSE connection until it holds one sent by the agent's
+    publisher, and keeps it unanswered: the state a SIGKILL finds when it lands while the
     agent's trio thread is handling a request of its own publisher. Requests of anyone else are
     answered EIO. (A random kill during a stream of updates lands there now and then, a few
     times in twenty in the test above; this makes it certain.)"""
@@ -383,13 +409,13 @@ class RequestThief:
                 select.select([self._fd], [], [])  # the agent's fd is non-blocking (shared flags)
                 data = os.read(self._fd, 1 << 21)
             except BlockingIOError:
-                continue  # the agent read it first
+                continue  # the agent took the request first
             except OSError:
                 return  # the connection was aborted
             _, opcode, unique, _, _, _, sender = _FUSE_IN_HEADER.unpack_from(data)
             if opcode in (_FUSE_FORGET, _FUSE_BATCH_FORGET, _FUSE_INTERRUPT):
                 continue
-            if sender and os.path.exists(f"/proc/{self._agent_pid}/task/{sender}"):
+            if sender and _sent_by_agent(self._agent_pid, sender):
                 self.held = (opcode, sender)
                 self.holding.set()
                 return
@@ -401,15 +427,6 @@ class RequestThief:
         os.close(self._fd)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="BUG: publish.py runs mkdir/symlink/rename/unlink on the agent's own FUSE mount from "
-    "threads of the FUSE server process; SIGKILL while one of those requests is being handled "
-    "leaves that thread in request_wait_answer (D state) forever: the process never exits, "
-    "its flock on <root>/fusevol/lock and its /dev/fuse fd stay, reads through every pod "
-    "volume hang, and a restart is refused ('another fusevol agent is using ...')",
-)
 def test_sigkill_while_the_agent_serves_its_own_request_lets_it_exit(
     update_manifests: Path, tmp_path: Path
 ) -> None:
@@ -420,10 +437,19 @@ def test_sigkill_while_the_agent_serves_its_own_request_lets_it_exit(
         wait_for(lambda: _served_volumes_are_whole(agent, 0), timeout_s=15)
         assert agent.process is not None
         thief = RequestThief(agent.process.pid)
-        with Editor(update_manifests, 0):
-            thief.holding.wait(timeout=3)  # never set if the agent sends itself no requests
+        with Editor(update_manifests, 0) as editor:
+            assert thief.holding.wait(timeout=3), "the publisher sent no request"
             stuck = _kill_9(agent)
         assert not stuck, f"agent alive 1.5s after SIGKILL, holding {thief.held}: {stuck}"
+        # Its helper, whose request the thief holds, dies once the connection is aborted; the
+        # next agent does that itself (it finds the dead agent's mount and aborts it).
+        restarted = _start(update_manifests, root, 1)
+        wait_for(lambda: _served_volumes_are_whole(restarted, editor.version), timeout_s=15)
+        assert thief.held is not None
+        helper = thief.held[1]
+        wait_for(lambda: not _alive(helper), timeout_s=5)
+        restarted.stop()
+        agent = restarted
     finally:
         abort_fuse_connection(agent)  # also ends the thief's blocked read in the fixed case
         force_stop(agent)

@@ -65,7 +65,7 @@ def manifests(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def agent(manifests: Path, tmp_path: Path) -> Iterator[AgentProcess]:
-    """The agent serving `manifests`; the test ends with a clean SIGTERM stop (checked)."""
+    """The agent serving `manifests`; the test ends with a clean tear-down (SIGINT, checked)."""
     with running_agent(manifests, tmp_path / "root") as running:
         running.wait_state(POD_UID, "config", "mounted")
         running.wait_state(POD_UID, "creds", "mounted")

@@ -90,7 +90,7 @@ def test_clone_with_and_without_revision_and_directory(
         agent.stop()
 
 
-_FAILED = re.compile(r"mount failed volume=kubernetes.io/git-repo/\S+-(\S+) retry_in=(\S+)s")
+_FAILED = re.compile(r"mount failed volume=kubernetes.io/git-repo/\S+-(\S+) .*retry_in=(\S+)s")
 
 
 def failures(agent: AgentProcess, name: str) -> list[float]:

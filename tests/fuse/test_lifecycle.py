@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-def test_sigterm_unmounts_everything(agent: AgentProcess) -> None:
+def test_sigint_unmounts_everything(agent: AgentProcess) -> None:
     assert len(mounts_below(agent.root)) == 3  # the FUSE mount and two pod volumes
     agent.stop()
     assert mounts_below(agent.root) == []
@@ -31,6 +32,27 @@ def test_restart_after_kill_serves_again(manifests: Path, tmp_path: Path) -> Non
         with running_agent(manifests, root) as second:
             wait_for(lambda: (volume / "a").read_text() == "1")
             second.stop()
+
+
+def test_sigterm_hands_over_and_the_next_agent_stacks_on_the_old_binds(
+    manifests: Path, tmp_path: Path
+) -> None:
+    root = tmp_path / "root"
+    with running_agent(manifests, root) as first:
+        volume = first.wait_mounted(first.volume(POD_UID, "configmap", "config"))
+        secret = first.wait_mounted(first.volume(POD_UID, "secret", "creds"))
+        first.hand_over()
+        # The pod volumes stay (dead now: their server is gone); the agent's own mount does not.
+        assert sorted(mounts_below(root)) == sorted([str(volume), str(secret)])
+        with running_agent(manifests, root) as second:
+            wait_for(lambda: (volume / "a").read_text() == "1")
+            wait_for(lambda: len(os.listdir(secret)) == 3)  # ..data, ..<version>, token
+            # One new bind on each old one, and the new FUSE mount.
+            assert sorted(mounts_below(root)) == sorted(
+                [str(second.fuse_mountpoint()), *[str(volume)] * 2, *[str(secret)] * 2]
+            )
+            second.stop()  # tears the whole stack down
+        assert mounts_below(root) == []
 
 
 def test_second_agent_on_the_same_root_is_refused(agent: AgentProcess) -> None:

@@ -1,0 +1,96 @@
+"""The publisher's helper processes: they perform the VFS operations on the agent's own mount.
+
+Why not threads of the agent (as before): once the FUSE server has read a request, the thread
+that sent it waits for the answer uninterruptibly (fs/fuse/dev.c `request_wait_answer`). If the
+sender is a thread of the server's own process and the process is SIGKILLed, that thread waits for
+an answer only its own dying process could give: the process never finishes dying, never closes
+/dev/fuse, the mount never aborts, its lock is never released. A helper is another process and
+holds no /dev/fuse descriptor: when the agent dies, its descriptor closes, the connection aborts,
+the helper's request fails, and the helper, which asked for SIGKILL at its parent's death
+(PR_SET_PDEATHSIG), is gone too. `fusevol.fuse.ops` accepts structural operations only from these
+helpers' pids (`Publisher.is_publisher`), as strictly as it accepted only the agent's own threads.
+
+Protocol, one JSON line each way: `[op, args...]` -> `[errno, message]` (errno 0: done). Paths are
+`os.fsdecode`d strings. The helper ignores SIGINT and SIGTERM (a Ctrl-C on the terminal reaches
+the whole process group; the agent still needs its helper to tear volumes down) and ends at EOF on
+stdin or at its parent's death. It imports nothing of fusevol's runtime (no pyfuse3, no trio).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import json
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+DATA = "..data"
+DATA_TMP = "..data_tmp"
+_PR_SET_PDEATHSIG = 1
+
+
+def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None:
+    """Steps (6)-(11) of `Publisher.publish`: mkdir the staged version, symlink `..data_tmp` to it,
+    rename it onto `..data`, then create the missing top-level links and unlink the removed."""
+    version = os.path.join(root, name)
+    tmp = os.path.join(root, DATA_TMP)
+    os.mkdir(version)  # (6) the staged content appears whole
+    try:
+        os.symlink(name, tmp)  # (8)
+        os.rename(tmp, os.path.join(root, DATA))  # (9)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        with contextlib.suppress(OSError):
+            os.rmdir(version)
+        raise
+    links(root, missing)  # (10)
+    for entry in removed:  # (11)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, entry))
+
+
+def links(root: str, names: list[str]) -> None:
+    """Create `name -> ..data/name` for each name; an existing one is kept."""
+    for entry in names:
+        with contextlib.suppress(FileExistsError):
+            os.symlink(f"{DATA}/{entry}", os.path.join(root, entry))
+
+
+OPERATIONS: dict[str, Callable[..., None]] = {
+    "mkdir": os.mkdir,
+    "rmdir": os.rmdir,
+    "switch": switch,
+    "links": links,
+}
+
+
+def serve(parent: int) -> int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        return 1
+    for line in sys.stdin:
+        op, *args = json.loads(line)
+        try:
+            OPERATIONS[op](*args)
+            answer: list[object] = [0, ""]
+        except OSError as exc:
+            answer = [exc.errno or errno.EIO, exc.strerror or str(exc)]
+        try:
+            sys.stdout.write(json.dumps(answer) + "\n")
+            sys.stdout.flush()
+        except BrokenPipeError:  # the agent is gone
+            os._exit(0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve(int(sys.argv[1])))

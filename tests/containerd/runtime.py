@@ -1,0 +1,165 @@
+"""containerd for the tests: its own daemon, a busybox rootfs, containers that bind pod volumes.
+
+containerd (Debian's 1.6) is started by hand with its own configuration: the CRI plugin disabled,
+root, state and sockets in a temporary directory, so nothing of the host's containerd (if any) is
+touched. The rootfs is Debian's busybox-static and a few applet links: no image, no registry.
+Containers run with runc; `ctr task exec` runs commands in them, as root or as another uid.
+
+`LineClock` timestamps, on the host's monotonic clock, each line a container appends to a file of
+a directory bound into it: busybox's `date` has no sub-second precision, and a `ctr task exec` per
+probe costs ~70 ms, so the container writes one line per event and the host notes when it arrives.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+APPLETS = ("sh", "cat", "ls", "stat", "id", "touch", "sleep", "usleep", "echo", "mkdir", "rm")
+TOOLS = ("containerd", "ctr", "runc")
+BUSYBOX = "/bin/busybox"
+
+needs_containerd = pytest.mark.skipif(
+    os.geteuid() != 0
+    or not os.path.exists("/dev/fuse")
+    or any(shutil.which(tool) is None for tool in TOOLS)
+    or not os.path.exists(BUSYBOX),
+    reason="needs root, /dev/fuse, containerd, ctr, runc and busybox-static (.ci/setup)",
+)
+
+CONFIG = """\
+version = 2
+root = "{dir}/root"
+state = "{dir}/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "{dir}/containerd.sock"
+[ttrpc]
+  address = "{dir}/containerd.sock.ttrpc"
+"""
+
+
+def build_rootfs(path: Path) -> Path:
+    for directory in ("bin", "etc", "proc", "sys", "dev", "tmp", "out"):
+        (path / directory).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(BUSYBOX, path / "bin" / "busybox")
+    for applet in APPLETS:
+        (path / "bin" / applet).symlink_to("busybox")
+    return path
+
+
+class Containerd:
+    """A containerd daemon of its own in `directory`; `stop()` removes every container first."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "config.toml").write_text(CONFIG.format(dir=directory))
+        self.socket = directory / "containerd.sock"
+        self._log = open(directory / "containerd.log", "ab")  # noqa: SIM115 - the daemon's
+        self._process = subprocess.Popen(
+            ["containerd", "--config", str(directory / "config.toml")],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
+        self._containers: list[str] = []
+        deadline = time.monotonic() + 10
+        while not self.socket.exists():
+            if time.monotonic() > deadline or self._process.poll() is not None:
+                raise RuntimeError((directory / "containerd.log").read_text())
+            time.sleep(0.01)
+
+    def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["ctr", "--address", str(self.socket), *args],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=check,
+        )
+
+    def run(self, name: str, rootfs: Path, *mounts: str, command: tuple[str, ...]) -> str:
+        """Start container `name` on `rootfs` in the background; each mount is a `--mount`
+        value (`type=bind,src=...,dst=...,options=...`)."""
+        argv = ["run", "-d", "--env", "PATH=/bin", "--rootfs"]
+        for mount in mounts:
+            argv += ["--mount", mount]
+        self.ctr(*argv, str(rootfs), name, *command)
+        self._containers.append(name)
+        return name
+
+    def exec(self, name: str, *command: str, user: int = 0) -> subprocess.CompletedProcess[str]:
+        """Run `command` in container `name` as `user`; never raises for its exit status."""
+        exec_id = f"e{time.monotonic_ns()}"
+        return self.ctr(
+            "task", "exec", "--exec-id", exec_id, "--user", str(user), name, *command, check=False
+        )
+
+    def remove(self, name: str) -> None:
+        self.ctr("task", "kill", "--signal", "SIGKILL", name, check=False)
+        for _ in range(100):
+            if self.ctr("task", "delete", name, check=False).returncode == 0:
+                break
+            time.sleep(0.02)
+        self.ctr("container", "delete", name, check=False)
+        self._containers.remove(name)
+
+    def stop(self) -> None:
+        for name in list(self._containers):
+            self.remove(name)
+        self._process.terminate()
+        self._process.wait(timeout=10)
+        self._log.close()
+
+
+def bind(src: Path, dst: str, *options: str) -> str:
+    """A `ctr run --mount` value binding host directory `src` at `dst`."""
+    return f"type=bind,src={src},dst={dst},options={':'.join(('rbind', *options))}"
+
+
+class LineClock:
+    """Follows a file a container appends lines to; notes when each complete line arrives."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        path.touch()
+        self.lines: list[tuple[float, str]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        buffer = b""
+        with open(self._path, "rb") as f:
+            while not self._stop.is_set():
+                chunk = f.read()
+                if not chunk:
+                    time.sleep(0.0005)
+                    continue
+                now = time.monotonic()
+                buffer += chunk
+                *complete, buffer = buffer.split(b"\n")
+                self.lines.extend((now, line.decode()) for line in complete)
+
+    def wait_for(self, text: str, *, after: float, timeout_s: float = 10.0) -> float:
+        """The arrival time of the first line equal to `text` that arrived after `after`."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for at, line in list(self.lines):
+                if at >= after and line == text:
+                    return at
+            time.sleep(0.001)
+        raise TimeoutError(f"no line {text!r} within {timeout_s}s: {self.lines[-5:]}")
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
