@@ -7,7 +7,8 @@ Start-up order (each `nursery.start` returns once the component is ready):
        provisioned (source/provisioned.py);
     3. the FUSE mount, then the publisher that switches versions through it;
     4. the executor and the status reporter;
-    5. the source: returns after its complete initial read (the store is synced);
+    5. the source (a manifest directory, or the Kubernetes API): returns after its complete
+       initial read (the store is synced);
     6. the reconciler.
 Two kinds of stop:
 - SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
@@ -67,8 +68,10 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable
     from pathlib import Path
 
+    from fusevol.cache.desired import VolumeToServe
     from fusevol.model import UniqueVolumeName
     from fusevol.settings import Settings
+    from fusevol.source.kube.source import KubeSource
 
 log = logging.getLogger(__name__)
 
@@ -144,13 +147,29 @@ class Agent:
             volumes=self.volumes,
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
+            on_volume_failed=self._volume_failed,
             provisioner=self.provisioner,
         )
-        if settings.manifests is None:
-            raise FusevolError("no source: give --manifests DIR")
-        self.source = ManifestSource(
-            directory=settings.manifests, node_name=settings.node_name, store=self.store
-        )
+        self.kube_source: KubeSource | None = None
+        self.source: ManifestSource | KubeSource
+        if settings.kube is not None:
+            # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+            from fusevol.source.kube.client import KubeClient
+            from fusevol.source.kube.source import KubeSource
+
+            client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+            self.source = self.kube_source = KubeSource(
+                client=client,
+                node_name=settings.node_name,
+                store=self.store,
+                settings=settings.kube,
+            )
+        elif settings.manifests is not None:
+            self.source = ManifestSource(
+                directory=settings.manifests, node_name=settings.node_name, store=self.store
+            )
+        else:
+            raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
         self.http = HealthServer(
             host=settings.http.host,
             port=settings.http.port,
@@ -206,6 +225,10 @@ class Agent:
             lambda: [({}, self.tree.statistics().nodes)],
         )
 
+    def _volume_failed(self, volume: VolumeToServe, error: str) -> None:
+        if self.kube_source is not None:
+            self.kube_source.events.failed_mount(volume.pod, volume.spec_name, error)
+
     def _observe_operation(
         self, name: UniqueVolumeName, operation: str, seconds: float, ok: bool
     ) -> None:
@@ -221,6 +244,7 @@ class Agent:
             "publisher": dataclasses.asdict(self.publisher.statistics()),
             "executor": dataclasses.asdict(self.executor.statistics()),
             "store": dataclasses.asdict(self.store.statistics()),
+            "source": dataclasses.asdict(self.source.statistics()),
         }
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:

@@ -1,8 +1,13 @@
 """Command line: argv and `FUSEVOL_*` environment variables -> Settings -> the agent.
 
-    fusevol run [--manifests DIR] [--root DIR] [--node-name NAME] [--log-level LEVEL]
+    fusevol run [--manifests DIR | --kubeconfig PATH | --source kubernetes]
+                [--change-detection Watch|Cache|Get] [--root DIR] [--node-name NAME] ...
     fusevol status [--root DIR] [--json]
 
+The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
+source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
+`--source kubernetes` also selects it with the standard kubeconfig resolution (`$KUBECONFIG`,
+`~/.kube/config`).
 Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
 dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins.
 Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
@@ -23,7 +28,7 @@ import trio
 
 from fusevol import __version__, log, status
 from fusevol.errors import FusevolError
-from fusevol.settings import HttpSettings, Settings
+from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -46,6 +51,38 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         default=_env("manifests"),
         help="directory of Pod/ConfigMap/Secret manifests to serve, watched for edits",
+    )
+    run.add_argument(
+        "--source",
+        choices=["manifests", "kubernetes"],
+        default=_env("source"),
+        help="where pods come from (default: manifests with --manifests, else kubernetes "
+        "with --kubeconfig or in a pod)",
+    )
+    run.add_argument(
+        "--kubeconfig",
+        type=Path,
+        default=_env("kubeconfig"),
+        help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
+    )
+    run.add_argument(
+        "--change-detection",
+        choices=[c.value for c in ChangeDetection],
+        default=_env("change-detection", ChangeDetection.WATCH.value),
+        help="how referenced ConfigMaps and Secrets are kept current, as kubelet's "
+        "configMapAndSecretChangeDetectionStrategy (default Watch)",
+    )
+    run.add_argument(
+        "--sync-period",
+        type=float,
+        default=float(_env("sync-period", "60") or 60),
+        help="seconds between refetches with --change-detection Cache or Get (default 60)",
+    )
+    run.add_argument(
+        "--cache-ttl",
+        type=float,
+        default=float(_env("cache-ttl", "60") or 60),
+        help="seconds a fetched object stays fresh with --change-detection Cache (default 60)",
     )
     run.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
     run.add_argument(
@@ -107,9 +144,8 @@ def _run(args: argparse.Namespace) -> int:
     from fusevol.projection.downward import node_allocatable
 
     log.setup(args.log_level)
-    if args.manifests is None:
-        raise FusevolError("no source: give --manifests DIR (or FUSEVOL_MANIFESTS)")
-    if not args.manifests.is_dir():
+    kube = _kube_settings(args)
+    if kube is None and not args.manifests.is_dir():
         raise FusevolError(f"--manifests {args.manifests}: not a directory")
     items = [item.strip() for item in args.node_allocatable.split(",") if item.strip()]
     try:
@@ -122,13 +158,50 @@ def _run(args: argparse.Namespace) -> int:
     settings = Settings(
         root=args.root.absolute(),
         node_name=args.node_name,
-        manifests=args.manifests.absolute(),
+        manifests=None if kube is not None else args.manifests.absolute(),
+        kube=kube,
         node_allocatable=allocatable,
         http=HttpSettings(host=args.http_host, port=args.http_port),
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")
     return 0
+
+
+def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
+    """None for the manifest source; the API source's settings otherwise (module docstring)."""
+    source = args.source
+    if source is None:
+        if args.manifests is not None:
+            source = "manifests"
+        elif args.kubeconfig is not None or os.environ.get("KUBERNETES_SERVICE_HOST"):
+            source = "kubernetes"
+        else:
+            raise FusevolError(
+                "no source: give --manifests DIR or --kubeconfig PATH (or run in a pod)"
+            )
+    if source == "manifests":
+        if args.manifests is None:
+            raise FusevolError("--source manifests: give --manifests DIR (or FUSEVOL_MANIFESTS)")
+        if args.kubeconfig is not None:
+            raise FusevolError("--kubeconfig: not used with the manifests source")
+        return None
+    if args.manifests is not None:
+        raise FusevolError("--manifests: not used with the kubernetes source")
+    if args.sync_period <= 0 or args.cache_ttl < 0:
+        raise FusevolError("--sync-period must be positive and --cache-ttl not negative")
+    try:
+        strategy = ChangeDetection(args.change_detection)
+    except ValueError:
+        raise FusevolError(
+            f"--change-detection {args.change_detection}: not one of Watch, Cache, Get"
+        ) from None
+    return KubeSettings(
+        kubeconfig=None if args.kubeconfig is None else args.kubeconfig.absolute(),
+        change_detection=strategy,
+        sync_period_s=args.sync_period,
+        cache_ttl_s=args.cache_ttl,
+    )
 
 
 def _status(args: argparse.Namespace) -> int:

@@ -35,6 +35,8 @@ class Kind(enum.Enum):
     SECRET = "Secret"
     PERSISTENT_VOLUME = "PersistentVolume"
     PERSISTENT_VOLUME_CLAIM = "PersistentVolumeClaim"
+    SERVICE_ACCOUNT_TOKEN = "ServiceAccountToken"
+    """Not an API kind: a token the API source obtained by TokenRequest for one pod."""
     STORAGE_CLASS = "StorageClass"
 
 
@@ -304,6 +306,8 @@ class Pod:
     fs_group: int | None = None
     run_as_user: int | None = None
     """`spec.securityContext.runAsUser`: the default for containers that set none."""
+    service_account_name: str = "default"
+    """`spec.serviceAccountName` (API default "default"): whose tokens the pod's volumes get."""
     origin: str = field(default="", compare=False)
     """Where the pod was read, for error lines: its manifest file; empty from the API server.
     Not part of the pod's content: moving a pod to another file changes nothing."""
@@ -358,6 +362,39 @@ class PersistentVolumeClaim:
 
 
 @dataclass(frozen=True, slots=True)
+class ServiceAccountToken:
+    """A token for one pod's serviceAccountToken projection, from a TokenRequest; memory only.
+
+    `name` is `token_key(...).name`; `resource_version` changes with every new token, so that the
+    volumes using it are refreshed. `__repr__` hides the token.
+    """
+
+    namespace: str
+    name: str
+    resource_version: ResourceVersion
+    token: bytes = field(default=b"", repr=False)
+
+    @property
+    def key(self) -> ObjectKey:
+        return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, self.namespace, self.name)
+
+
+def token_key(pod: Pod, projection: ServiceAccountTokenProjection) -> ObjectKey:
+    """Where the token of `projection` in `pod` is kept: kubelet's token cache key (service
+    account, audience, expiration, bound pod)."""
+    name = "/".join(
+        (
+            pod.service_account_name,
+            pod.name,
+            pod.uid,
+            projection.audience,
+            str(projection.expiration_seconds),
+        )
+    )
+    return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, pod.namespace, name)
+
+
+@dataclass(frozen=True, slots=True)
 class StorageClass:
     """A `storage.k8s.io/v1` StorageClass (cluster-scoped): who provisions its claims, and how."""
 
@@ -375,7 +412,15 @@ class StorageClass:
         return ObjectKey(Kind.STORAGE_CLASS, "", self.name)
 
 
-KubeObject = Pod | ConfigMap | Secret | PersistentVolume | PersistentVolumeClaim | StorageClass
+KubeObject = (
+    Pod
+    | ConfigMap
+    | Secret
+    | PersistentVolume
+    | PersistentVolumeClaim
+    | StorageClass
+    | ServiceAccountToken
+)
 
 
 # -- what a volume shows ---------------------------------------------------------------------------

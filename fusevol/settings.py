@@ -6,6 +6,7 @@ environment.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -55,6 +56,26 @@ class HttpSettings:
     """0 picks a free port; a negative port disables the server."""
 
 
+class ChangeDetection(enum.Enum):
+    """kubelet's `configMapAndSecretChangeDetectionStrategy` (KUBELET.md A7)."""
+
+    WATCH = "Watch"
+    CACHE = "Cache"
+    GET = "Get"
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSettings:
+    kubeconfig: Path | None = None
+    """None: in-cluster configuration inside a pod, else `$KUBECONFIG` or `~/.kube/config`."""
+    change_detection: ChangeDetection = ChangeDetection.WATCH
+    """How referenced ConfigMaps, Secrets, claims and volumes are kept current."""
+    sync_period_s: float = 60.0
+    """Cache and Get refetch at this period: kubelet's syncFrequency (1 min)."""
+    cache_ttl_s: float = 60.0
+    """The Cache strategy's TTL: kubelet's default without the node's TTL annotation (1 min)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settings:
     root: Path
@@ -63,6 +84,8 @@ class Settings:
     """Pods whose spec.nodeName names another node are not served."""
     manifests: Path | None
     """The directory of manifests to serve (the embedded default source)."""
+    kube: KubeSettings | None = None
+    """Serve this node's pods from the Kubernetes API instead (then `manifests` is None)."""
     node_allocatable: dict[str, str] = field(default_factory=dict)
     """What the downward API reports for a container without a cpu, memory or ephemeral-storage
     limit (kubelet takes the Node's allocatable): resource name -> quantity. A resource not given

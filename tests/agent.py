@@ -1,6 +1,7 @@
 """Run the real agent as a child process, the way a user does, and look at what it serves.
 
-`AgentProcess` starts `python -m fusevol run` on a manifest directory and a private root, waits
+`AgentProcess` starts `python -m fusevol run` on a manifest directory (or, with
+`manifests=None`, on the source its `extra_args` name) and a private root, waits
 until it is ready, and on `stop()` sends SIGINT (the tearing-down stop) and checks that it exited 0
 and left no mount below its root; `hand_over()` sends SIGTERM (the stop that leaves the pod
 volumes mounted for the next agent). The log goes to a file the tests can read (`log_text()`).
@@ -61,12 +62,13 @@ class AgentProcess:
     def __init__(
         self,
         *,
-        manifests: Path,
+        manifests: Path | None,
         root: Path,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
     ) -> None:
-        self.manifests = manifests
+        self._source_args = () if manifests is None else ("--manifests", str(manifests))
+        self.manifests = manifests if manifests is not None else root.parent / "no-manifests"
         self.root = root
         self.log_path = root.parent / f"{root.name}-agent.log"
         self._extra_args = extra_args
@@ -79,8 +81,7 @@ class AgentProcess:
             "-m",
             "fusevol",
             "run",
-            "--manifests",
-            str(self.manifests),
+            *self._source_args,
             "--root",
             str(self.root),
             "--node-name",
@@ -199,7 +200,7 @@ class AgentProcess:
 
 @contextlib.contextmanager
 def running_agent(
-    manifests: Path, root: Path, *extra_args: str, env: dict[str, str] | None = None
+    manifests: Path | None, root: Path, *extra_args: str, env: dict[str, str] | None = None
 ) -> Iterator[AgentProcess]:
     agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env).start()
     try:

@@ -1,7 +1,7 @@
 """Shared test configuration.
 
-- Tests under tests/fuse and tests/privileged need root and /dev/fuse; without them they are
-  skipped with that reason, never silently passed.
+- Tests under tests/fuse, tests/kube and tests/privileged need root and /dev/fuse; without them
+  they are skipped with that reason, never silently passed.
 - Any log record at WARNING or above fails the test unless the test consumed it (asserted on it
   and called `caplog.clear()`), as s3ql's pytest_checklogs does: an unexpected error log is a bug.
 """
@@ -21,8 +21,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs root and /dev/fuse")
     for item in items:
         parts = Path(str(item.fspath)).parts
-        if "fuse" in parts or "privileged" in parts:
-            item.add_marker(pytest.mark.fuse if "fuse" in parts else pytest.mark.privileged)
+        if "fuse" in parts or "kube" in parts or "privileged" in parts:
+            item.add_marker(pytest.mark.privileged if "privileged" in parts else pytest.mark.fuse)
             if not HAS_FUSE:
                 item.add_marker(skip)
 

@@ -31,13 +31,23 @@ from fusevol.model import (
     PersistentVolumeClaim,
     Pod,
     Secret,
+    ServiceAccountToken,
     StorageClass,
 )
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-_T = TypeVar("_T", Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim, StorageClass)
+_T = TypeVar(
+    "_T",
+    Pod,
+    ConfigMap,
+    Secret,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    ServiceAccountToken,
+    StorageClass,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,8 +58,12 @@ class Reconciler:
         volumes: Volumes,
         resync_interval_s: float,
         on_pass: Callable[[], None] = lambda: None,
+        on_volume_failed: Callable[[VolumeToServe, str], None] = lambda *_: None,
         provisioner: HostPathProvisioner | None = None,
     ) -> None:
+        """`on_volume_failed(volume, error)` after each failed set-up or refresh (the API
+        source records kubelet's FailedMount event)."""
+        self._on_volume_failed = on_volume_failed
         self._provisioner = provisioner
         self._store = store
         self._populator = populator
@@ -171,13 +175,21 @@ class Reconciler:
     # -- operations --------------------------------------------------------------------------------
 
     async def _mount(self, volume: VolumeToServe) -> None:
-        self._actual.mark_mounted(await self._volumes.set_up(volume))
+        try:
+            self._actual.mark_mounted(await self._volumes.set_up(volume))
+        except Exception as exc:
+            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
+            raise
         log.info(
             "volume set up volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
         )
 
     async def _refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> None:
-        self._actual.mark_mounted(await self._volumes.refresh(volume, mounted))
+        try:
+            self._actual.mark_mounted(await self._volumes.refresh(volume, mounted))
+        except Exception as exc:
+            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
+            raise
         log.info(
             "volume updated volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
         )

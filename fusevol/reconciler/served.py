@@ -41,6 +41,9 @@ from fusevol.model import (
     Secret,
     SecretProjection,
     SecretVolumeSource,
+    ServiceAccountToken,
+    ServiceAccountTokenProjection,
+    token_key,
 )
 from fusevol.projection import configmap, downward, ownership, projected, secret
 
@@ -175,9 +178,16 @@ class ServedVolumes:
                         ObjectKey(Kind.SECRET, namespace, name), Secret
                     ),
                     allocatable=self._allocatable,
+                    get_token=lambda projection: self._token(volume, projection),
                 )
             case _:
                 raise VolumeSetupError(f"volume {volume.volume.name!r}: not served from memory")
+
+    def _token(
+        self, volume: VolumeToServe, projection: ServiceAccountTokenProjection
+    ) -> bytes | None:
+        token = self._store.get(token_key(volume.pod, projection), ServiceAccountToken)
+        return None if token is None else token.token
 
     def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
         """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
@@ -224,6 +234,8 @@ def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
                     keys.append(ObjectKey(Kind.CONFIG_MAP, namespace, projection.name))
                 elif isinstance(projection, SecretProjection):
                     keys.append(ObjectKey(Kind.SECRET, namespace, projection.name))
+                elif isinstance(projection, ServiceAccountTokenProjection):
+                    keys.append(token_key(volume.pod, projection))
             return tuple(keys)
         case _:
             return ()

@@ -71,6 +71,13 @@ def parse_manifest(text: bytes, *, origin: str) -> list[KubeObject]:
     return objects
 
 
+def convert_object(document: Mapping[Any, object], *, origin: str) -> KubeObject | None:
+    """One decoded object (a manifest document, or an API server's JSON) -> a model object, with
+    the same defaulting and validation; None for kinds fusevol does not act on. Raises
+    `ManifestError` naming `origin`, the object and the field."""
+    return _convert(document, origin=origin, where="object")
+
+
 # -- decoding --------------------------------------------------------------------------------------
 
 
@@ -435,6 +442,9 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         ),
         fs_group=r.user_id(security.get("fsGroup"), "spec.securityContext.fsGroup"),
         run_as_user=r.user_id(security.get("runAsUser"), "spec.securityContext.runAsUser"),
+        service_account_name=r.string(spec.get("serviceAccountName"), "spec.serviceAccountName")
+        or r.string(spec.get("serviceAccount"), "spec.serviceAccount")
+        or "default",
         origin=r.origin,
     )
 

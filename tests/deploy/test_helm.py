@@ -278,13 +278,30 @@ def test_an_existing_service_account_is_used_as_named(chart: helm.Chart) -> None
     assert pod["serviceAccountName"] == "existing"
 
 
+def test_the_kubernetes_source_uses_the_api_and_no_host_directory(chart: helm.Chart) -> None:
+    values = {
+        "source": {"kubernetes": True, "manifests": {"hostPath": ""}, "changeDetection": "Get"}
+    }
+    objs = render(chart, values)
+    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    args = pod["containers"][0]["args"]
+    assert args[args.index("--source") + 1] == "kubernetes"
+    assert args[args.index("--change-detection") + 1] == "Get"
+    assert "--manifests" not in args
+    assert "manifests" not in [v["name"] for v in pod["volumes"]]
+    assert "manifests" not in [m["name"] for m in pod["containers"][0]["volumeMounts"]]
+    assert pod["automountServiceAccountToken"] is True  # in-cluster configuration needs it
+    for obj in objs:
+        kubernetes_validate.validate(obj, KUBE_VERSIONS[-1], strict=True)
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
         pytest.param(
-            {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}},
-            "the Kubernetes API source of fusevol is not built yet",
-            id="kubernetes-source",
+            {"source": {"kubernetes": True}},
+            "set source.manifests.hostPath to",
+            id="two-sources",
         ),
         pytest.param(
             {"source": {"manifests": {"hostPath": ""}}},

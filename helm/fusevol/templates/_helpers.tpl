@@ -58,10 +58,10 @@ The source of pods and objects, checked: exactly one of source.manifests.hostPat
 source.kubernetes.
 */}}
 {{- define "fusevol.checkSource" -}}
-{{- if .Values.source.kubernetes }}
-{{- fail "source.kubernetes: the Kubernetes API source of fusevol is not built yet; use source.manifests.hostPath" }}
+{{- if and .Values.source.kubernetes .Values.source.manifests.hostPath }}
+{{- fail "source.kubernetes: set source.manifests.hostPath to \"\" as well: fusevol has one source" }}
 {{- end }}
-{{- if not .Values.source.manifests.hostPath }}
-{{- fail "source.manifests.hostPath: set the host directory of manifests to serve" }}
+{{- if not (or .Values.source.kubernetes .Values.source.manifests.hostPath) }}
+{{- fail "source.manifests.hostPath: set the host directory of manifests to serve (or source.kubernetes)" }}
 {{- end }}
 {{- end }}

@@ -1,0 +1,239 @@
+"""The objects the pods reference (ConfigMaps, Secrets, claims, volumes), kept current in the store
+by one of kubelet's change-detection strategies (`configMapAndSecretChangeDetectionStrategy`,
+KUBELET.md A7):
+
+- `WatchedObjects` (Watch, the default): one list+watch per referenced object (fieldSelector
+  `metadata.name=<name>`), opened when the first pod references it and closed after the last; an
+  object seen `immutable: true` is not watched any more (it cannot change; it stays in the store).
+  An edit reaches the store as soon as the API server sends its watch event.
+- `FetchedObjects` (Cache and Get): a GET per object when a pod that references it is added or
+  updated (for Cache this invalidates the cached copy, as kubelet's `AddReference` does), and at
+  every sync period either for each object whose copy is older than the TTL (Cache, a cachetools
+  TTLCache of fetch times) or for every object (Get).
+
+Both keep only referenced objects: one that no pod references any more leaves the store. A GET
+answering 404 and a watch's DELETED delete the object from the store (the volumes then follow
+kubelet's rules: an optional one becomes empty, a required one keeps its last content).
+
+Excludes: which objects are referenced (`source`), and the list/watch mechanics (`reflector`).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import cachetools
+import trio
+
+from fusevol.errors import FusevolError, ManifestError
+from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
+from fusevol.source.kube.reflector import Query, Reflector
+from fusevol.source.manifest import convert_object
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fusevol.cache.store import ObjectStore
+    from fusevol.model import KubeObject, ObjectKey
+    from fusevol.source.kube.client import KubeClient, Obj
+
+log = logging.getLogger(__name__)
+
+
+def convert(raw: Obj, *, origin: str) -> KubeObject | None:
+    """An API object as a model object; None (and one ERROR line) if it is invalid for fusevol."""
+    try:
+        return convert_object(raw, origin=origin)
+    except ManifestError as exc:
+        log.error("object rejected, keeping its previous state: %s", exc)
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class TrackerStatistics:
+    objects: int
+    watches: int
+    immutable: int
+    fetches: int
+
+
+class ObjectTracker(Protocol):
+    def set_wanted(self, keys: set[ObjectKey]) -> None:
+        """Track exactly `keys` from now on; objects no longer wanted leave the store."""
+
+    async def ensure(self, keys: set[ObjectKey], *, timeout_s: float) -> None:
+        """A pod referencing `keys` was added or updated: return once they are in the store (or
+        known to be absent), or after `timeout_s`."""
+
+    async def sync(self) -> None:
+        """The periodic sync (Cache and Get refetch; Watch has nothing to do)."""
+
+    def statistics(self) -> TrackerStatistics: ...
+
+
+class WatchedObjects:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        store: ObjectStore,
+        nursery: trio.Nursery,
+        limiter: trio.CapacityLimiter,
+        origin: str,
+        on_claim: Callable[[], None],
+    ) -> None:
+        """`on_claim()` after a claim changed: the volumes to track may have changed."""
+        self._on_claim = on_claim
+        self._client = client
+        self._store = store
+        self._nursery = nursery
+        self._limiter = limiter
+        self._origin = origin
+        self._watches: dict[ObjectKey, tuple[Reflector, trio.CancelScope]] = {}
+        self._immutable: set[ObjectKey] = set()
+
+    def set_wanted(self, keys: set[ObjectKey]) -> None:
+        for key in self._watches.keys() - keys:
+            self._watches.pop(key)[1].cancel()
+            self._store.delete(key)
+            log.debug("watch closed object=%s", key)
+        for key in self._immutable - keys:
+            self._immutable.discard(key)
+            self._store.delete(key)
+        for key in keys - self._watches.keys() - self._immutable:
+            self._start(key)
+
+    async def ensure(self, keys: set[ObjectKey], *, timeout_s: float) -> None:
+        with trio.move_on_after(timeout_s):
+            for key in keys:
+                if key in self._watches:
+                    await self._watches[key][0].synced.wait()
+
+    async def sync(self) -> None:
+        pass
+
+    def statistics(self) -> TrackerStatistics:
+        return TrackerStatistics(
+            objects=len(self._watches) + len(self._immutable),
+            watches=len(self._watches),
+            immutable=len(self._immutable),
+            fetches=sum(r.stats.lists for r, _ in self._watches.values()),
+        )
+
+    def _start(self, key: ObjectKey) -> None:
+        scope = trio.CancelScope()
+
+        async def on_replace(items: list[Obj]) -> None:
+            if items:
+                await on_event("ADDED", items[0])
+            else:
+                self._store.delete(key)
+
+        async def on_event(kind: str, raw: Obj) -> None:
+            if kind == "DELETED":
+                self._store.delete(key)
+                return
+            obj = convert(raw, origin=self._origin)
+            if obj is None or obj.key != key:
+                return
+            if self._store.upsert(obj) and isinstance(obj, PersistentVolumeClaim):
+                self._on_claim()
+            if isinstance(obj, (ConfigMap, Secret)) and obj.immutable:
+                # kubelet's watch-based manager stops watching what cannot change.
+                self._immutable.add(key)
+                if self._watches.pop(key, None) is not None:
+                    log.debug("immutable, watch closed object=%s", key)
+                scope.cancel()
+
+        query = Query(key.kind, key.namespace or None, f"metadata.name={key.name}")
+        reflector = Reflector(
+            client=self._client,
+            query=query,
+            on_replace=on_replace,
+            on_event=on_event,
+            limiter=self._limiter,
+        )
+        self._watches[key] = (reflector, scope)
+
+        async def run() -> None:
+            with scope:
+                await reflector.run()
+
+        self._nursery.start_soon(run)
+        log.debug("watch opened object=%s", key)
+
+
+class FetchedObjects:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        store: ObjectStore,
+        ttl_s: float | None,
+        origin: str,
+        on_claim: Callable[[], None],
+    ) -> None:
+        """`ttl_s`: the Cache strategy's TTL; None for Get (no cache). `on_claim` as above."""
+        self._on_claim = on_claim
+        self._client = client
+        self._store = store
+        self._origin = origin
+        self._wanted: set[ObjectKey] = set()
+        self._fresh: cachetools.TTLCache[ObjectKey, bool] | None = (
+            None
+            if ttl_s is None
+            else cachetools.TTLCache(maxsize=1 << 20, ttl=ttl_s, timer=time.monotonic)
+        )
+        self._fetches = 0
+
+    def set_wanted(self, keys: set[ObjectKey]) -> None:
+        for key in self._wanted - keys:
+            self._store.delete(key)
+            if self._fresh is not None:
+                self._fresh.pop(key, None)
+        self._wanted = set(keys)
+
+    async def ensure(self, keys: set[ObjectKey], *, timeout_s: float) -> None:
+        if self._fresh is not None:
+            for key in keys:
+                self._fresh.pop(key, None)  # a pod add/update invalidates (kubelet)
+        with trio.move_on_after(timeout_s):
+            await self._fetch_all(keys)
+
+    async def sync(self) -> None:
+        fresh = self._fresh
+        await self._fetch_all({k for k in self._wanted if fresh is None or k not in fresh})
+
+    def statistics(self) -> TrackerStatistics:
+        return TrackerStatistics(len(self._wanted), 0, 0, self._fetches)
+
+    async def _fetch_all(self, keys: set[ObjectKey]) -> None:
+        async with trio.open_nursery() as nursery:
+            for key in keys:
+                nursery.start_soon(self._fetch, key)
+
+    async def _fetch(self, key: ObjectKey) -> None:
+        self._fetches += 1
+        try:
+            raw = await trio.to_thread.run_sync(
+                lambda: self._client.get(key.kind, namespace=key.namespace, name=key.name)
+            )
+        except FusevolError as exc:
+            log.warning("get failed, keeping the last copy object=%s error=%s", key, exc)
+            return
+        if key not in self._wanted:
+            return
+        if raw is None:
+            self._store.delete(key)
+        elif (
+            (obj := convert(raw, origin=self._origin)) is not None
+            and obj.key == key
+            and self._store.upsert(obj)
+            and isinstance(obj, PersistentVolumeClaim)
+        ):
+            self._on_claim()
+        if self._fresh is not None:
+            self._fresh[key] = True

@@ -1,0 +1,196 @@
+"""Reflector: keep one list+watch query mirrored, whatever the API server and the network do.
+
+client-go's reflector (and kopf's watch loop), as small stages:
+
+1. LIST (with the query's field selector) -> `on_replace(items)`, the complete current state;
+   `synced` is set after the first one.
+2. WATCH from the list's resourceVersion, bookmarks requested. Each ADDED/MODIFIED/DELETED event
+   goes to `on_event`; every event, BOOKMARK included, moves the resourceVersion on, so that a
+   reconnect resumes where the stream stopped and does not need a relist.
+3. The stream ends (the server's `timeoutSeconds`, randomised in [5, 10) min like client-go's):
+   watch again from the last resourceVersion (2).
+4. ERROR 410 Gone (the version was compacted away, or a restarted API server's watch cache starts
+   later): relist at once (1), and `on_replace` converges the mirror.
+5. Any other failure (connection refused or reset, a watch cut mid-event, a 5xx): wait with
+   exponential backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the
+   last resourceVersion, or relist if there is none. Nothing is dropped meanwhile: what was
+   delivered stays delivered, so an API server that is away for minutes changes nothing on the
+   node until it is back.
+
+The blocking client calls run in worker threads under the caller's `limiter` (one thread per open
+watch: they must not starve the default limiter that file and mount work uses); a cancelled
+reflector closes its stream, which wakes its thread.
+
+Excludes: what the items mean (the handlers), and conversion of objects.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from fusevol.source.kube.client import ApiError, ApiUnavailable
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from fusevol.model import Kind
+    from fusevol.source.kube.client import KubeClient, Obj, WatchStream
+
+log = logging.getLogger(__name__)
+
+WATCH_TIMEOUT_S = (300, 600)
+"""client-go's minWatchTimeout is 5 min, each watch asking for a random timeout up to twice that."""
+
+
+@dataclass(frozen=True, slots=True)
+class Query:
+    kind: Kind
+    namespace: str | None
+    field_selector: str
+
+    def __str__(self) -> str:
+        where = f" namespace={self.namespace}" if self.namespace else ""
+        return f"{self.kind.value.lower()}s{where} fieldSelector={self.field_selector}"
+
+
+@dataclass(slots=True)
+class Backoff:
+    """client-go's reflector backoff: 0.8 s doubling to 30 s, up to 100 % jitter, then capped."""
+
+    initial_s: float = 0.8
+    max_s: float = 30.0
+    failures: int = 0
+
+    def next_delay(self) -> float:
+        base = min(self.initial_s * 2**self.failures, self.max_s)
+        self.failures += 1
+        return float(min(base * (1 + random.random()), self.max_s))
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+@dataclass(slots=True)
+class ReflectorStatistics:
+    lists: int = 0
+    watches: int = 0
+    events: int = 0
+    bookmarks: int = 0
+    expired: int = 0
+    failures: int = 0
+    resource_version: str = ""
+
+
+class Reflector:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        query: Query,
+        on_replace: Callable[[list[Obj]], Awaitable[None]],
+        on_event: Callable[[str, Obj], Awaitable[None]],
+        limiter: trio.CapacityLimiter,
+        backoff: Backoff | None = None,
+    ) -> None:
+        self._client = client
+        self.query = query
+        self._on_replace = on_replace
+        self._on_event = on_event
+        self._limiter = limiter
+        self._backoff = backoff or Backoff()
+        self.synced = trio.Event()
+        self.stats = ReflectorStatistics()
+        self._version = ""
+        """Where the next watch resumes; empty: list first."""
+
+    async def run(self) -> None:
+        """Steps 1-5 of the module docstring, until cancelled."""
+        while True:
+            try:
+                if not self._version:
+                    self._version = await self._list()  # (1)
+                await self._watch()  # (2), (3)
+            except ApiError as exc:
+                if exc.code == 410:  # (4)
+                    self.stats.expired += 1
+                    log.info("watch expired, relisting query=%s: %s", self.query, exc)
+                    self._version = ""
+                    continue
+                await self._failed(exc)  # (5)
+            except ApiUnavailable as exc:
+                await self._failed(exc)  # (5)
+
+    async def _list(self) -> str:
+        items, version = await self._thread(
+            self._client.list,
+            self.query.kind,
+            namespace=self.query.namespace,
+            field_selector=self.query.field_selector,
+        )
+        self.stats.lists += 1
+        log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
+        await self._on_replace(items)
+        self.synced.set()
+        self._backoff.reset()
+        return str(version)
+
+    async def _watch(self) -> None:
+        """Follow one watch stream, moving `_version` on with every event."""
+        version = self._version
+        abandoned = threading.Event()
+
+        def open_watch() -> WatchStream:
+            stream = self._client.open_watch(
+                self.query.kind,
+                namespace=self.query.namespace,
+                field_selector=self.query.field_selector,
+                resource_version=version,
+                timeout_s=random.randrange(*WATCH_TIMEOUT_S),
+            )
+            if abandoned.is_set():  # cancelled while connecting: nobody will read it
+                stream.close()
+            return stream
+
+        try:
+            stream: WatchStream = await self._thread(open_watch)
+        except trio.Cancelled:
+            abandoned.set()
+            raise
+        self.stats.watches += 1
+        try:
+            while True:
+                event = await self._thread(stream.next_event)
+                if event is None:
+                    return  # (3)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    code = int(obj.get("code") or 0)
+                    raise ApiError(code, obj.get("reason", ""), obj.get("message", ""))
+                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
+                self._version = self.stats.resource_version = version
+                self._backoff.reset()
+                if kind == "BOOKMARK":
+                    self.stats.bookmarks += 1
+                    continue
+                self.stats.events += 1
+                await self._on_event(str(kind), obj)
+        finally:
+            stream.close()
+
+    async def _failed(self, exc: Exception) -> None:
+        self.stats.failures += 1
+        delay = self._backoff.next_delay()
+        level = logging.WARNING if self._backoff.failures <= 1 else logging.DEBUG
+        log.log(level, "watch failed query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
+        await trio.sleep(delay)
+
+    async def _thread(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        return await trio.to_thread.run_sync(
+            lambda: function(*args, **kwargs), abandon_on_cancel=True, limiter=self._limiter
+        )

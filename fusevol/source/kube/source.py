@@ -1,0 +1,238 @@
+"""KubeSource: this node's pods and what their volumes need, from the Kubernetes API.
+
+Owns the API -> store direction when fusevol runs against a cluster:
+
+1. The pods: one list+watch across namespaces with fieldSelector `spec.nodeName=<node>` (a
+   `Reflector`: relist on 410, bookmarks, reconnect with backoff).
+2. For every pod added or changed, before it reaches the store: what it references (ConfigMaps and
+   Secrets of configMap, secret and projected volumes; claims, then the PersistentVolumes they are
+   bound to) is tracked by the change-detection strategy (`objects`), and the first copy awaited
+   (at most `REFERENCE_TIMEOUT_S`), and its serviceAccountToken projections get their tokens
+   (`tokens`). So a new pod's volumes are set up once, with their content, instead of failing first
+   on objects not read yet (kubelet's managers wait for the first sync the same way).
+3. Deliver: the pod to the store; references and tokens no pod needs any more are dropped.
+4. After the first complete pod list (steps 2-3 for all of them): `store.mark_synced()` and ready.
+5. Cache and Get: refetch at every sync period.
+
+Pods are converted by the manifest source's converter (`fusevol.source.manifest.convert_object`),
+so API objects and manifests follow the same defaulting and validation. A pod that does not
+convert keeps its previous version (one ERROR line). Failed volumes are reported as Events by
+`events`, which the reconciler reaches through the callback `app.py` gives it.
+
+Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), strategies
+(`objects`), tokens and events.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.model import (
+    ConfigMapProjection,
+    ConfigMapVolumeSource,
+    Kind,
+    ObjectKey,
+    PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource,
+    Pod,
+    ProjectedVolumeSource,
+    SecretProjection,
+    SecretVolumeSource,
+)
+from fusevol.settings import ChangeDetection
+from fusevol.source.kube.events import EventRecorder
+from fusevol.source.kube.objects import (
+    FetchedObjects,
+    ObjectTracker,
+    TrackerStatistics,
+    WatchedObjects,
+    convert,
+)
+from fusevol.source.kube.reflector import Query, Reflector
+from fusevol.source.kube.tokens import TokenManager, TokenStatistics
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from fusevol.cache.store import ObjectStore
+    from fusevol.settings import KubeSettings
+    from fusevol.source.kube.client import KubeClient, Obj
+
+log = logging.getLogger(__name__)
+
+REFERENCE_TIMEOUT_S = 5.0
+"""How long a new pod waits for the first copy of its objects before it is delivered anyway (its
+volumes then fail and are retried, like under an API server that does not answer)."""
+WATCH_THREADS = 100_000
+"""Worker threads for blocking list/watch calls: one per open watch, so effectively no limit."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeSourceStatistics:
+    pods: int
+    pod_lists: int
+    pod_watch_events: int
+    objects: TrackerStatistics
+    tokens: TokenStatistics
+    events_recorded: int
+    events_dropped: int
+
+
+class KubeSource:
+    def __init__(
+        self, *, client: KubeClient, node_name: str, store: ObjectStore, settings: KubeSettings
+    ) -> None:
+        self._client = client
+        self._node_name = node_name
+        self._store = store
+        self._settings = settings
+        self._origin = client.host
+        self._limiter = trio.CapacityLimiter(WATCH_THREADS)
+        self.tokens = TokenManager(client=client, store=store)
+        self.events = EventRecorder(client=client, node_name=node_name)
+        self._pods: dict[ObjectKey, Pod] = {}
+        self._objects: ObjectTracker | None = None
+        self._pod_reflector: Reflector | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Steps 1-5 of the module docstring; runs until cancelled."""
+        strategy = self._settings.change_detection
+        async with trio.open_nursery() as nursery:
+            if strategy is ChangeDetection.WATCH:
+                self._objects = WatchedObjects(
+                    client=self._client,
+                    store=self._store,
+                    nursery=nursery,
+                    limiter=self._limiter,
+                    origin=self._origin,
+                    on_claim=self._claim_changed,
+                )
+            else:
+                ttl = self._settings.cache_ttl_s if strategy is ChangeDetection.CACHE else None
+                self._objects = FetchedObjects(
+                    client=self._client,
+                    store=self._store,
+                    ttl_s=ttl,
+                    origin=self._origin,
+                    on_claim=self._claim_changed,
+                )
+            nursery.start_soon(self.tokens.run)
+            nursery.start_soon(self.events.run)
+            self._pod_reflector = pods = Reflector(  # (1)
+                client=self._client,
+                query=Query(Kind.POD, None, f"spec.nodeName={self._node_name}"),
+                on_replace=self._replace_pods,
+                on_event=self._pod_event,
+                limiter=self._limiter,
+            )
+            nursery.start_soon(pods.run)
+            await pods.synced.wait()
+            self._store.mark_synced()  # (4)
+            log.info(
+                "kubernetes source synced server=%s node=%s pods=%d change_detection=%s",
+                self._origin,
+                self._node_name,
+                len(self._pods),
+                strategy.value,
+            )
+            task_status.started()
+            if strategy is not ChangeDetection.WATCH:
+                while True:  # (5)
+                    await trio.sleep(self._settings.sync_period_s)
+                    await self._objects.sync()
+
+    def statistics(self) -> KubeSourceStatistics:
+        stats = self._pod_reflector.stats if self._pod_reflector is not None else None
+        return KubeSourceStatistics(
+            pods=len(self._pods),
+            pod_lists=stats.lists if stats else 0,
+            pod_watch_events=stats.events if stats else 0,
+            objects=self._objects.statistics() if self._objects else TrackerStatistics(0, 0, 0, 0),
+            tokens=self.tokens.statistics(),
+            events_recorded=self.events.recorded,
+            events_dropped=self.events.dropped,
+        )
+
+    async def _replace_pods(self, items: list[Obj]) -> None:
+        """A (re)list: the complete set of this node's pods."""
+        listed: dict[ObjectKey, Pod] = {}
+        kept: set[ObjectKey] = set()  # listed, but invalid: their previous version stays
+        for raw in items:
+            pod = convert(raw, origin=self._origin)
+            if isinstance(pod, Pod):
+                listed[pod.key] = pod
+            else:
+                kept.add(_key_of(raw))
+        await self._deliver(list(listed.values()), removed=self._pods.keys() - listed.keys() - kept)
+
+    async def _pod_event(self, kind: str, raw: Obj) -> None:
+        if kind == "DELETED":
+            await self._deliver([], removed={_key_of(raw)})
+        elif isinstance(pod := convert(raw, origin=self._origin), Pod):
+            await self._deliver([pod], removed=set())
+
+    async def _deliver(self, pods: list[Pod], *, removed: set[ObjectKey]) -> None:
+        """Steps 2-3 for `pods` (added or updated) and the pods at `removed` (gone)."""
+        assert self._objects is not None
+        changed = [pod for pod in pods if self._pods.get(pod.key) != pod]
+        for key in removed:
+            if self._pods.pop(key, None) is not None:
+                self._store.delete(key)
+        self._pods.update((pod.key, pod) for pod in pods)
+        # (2) The claims first: the volumes they are bound to are known once they are read.
+        ensured: set[ObjectKey] = set()
+        while wanted := self._references(changed) - ensured:
+            self._objects.set_wanted(self._references(self._pods.values()))
+            await self._objects.ensure(wanted, timeout_s=REFERENCE_TIMEOUT_S)
+            ensured |= wanted
+        self._objects.set_wanted(self._references(self._pods.values()))
+        await self.tokens.ensure(changed)
+        # (3)
+        for pod in pods:
+            self._store.upsert(pod)
+        self.tokens.retain(self._pods.values())
+        self.events.forget({pod.uid for pod in self._pods.values()})
+
+    def _claim_changed(self) -> None:
+        """A claim was bound (or rebound): track the volume it names."""
+        if self._objects is not None:
+            self._objects.set_wanted(self._references(self._pods.values()))
+
+    def _references(self, pods: Iterable[Pod]) -> set[ObjectKey]:
+        keys: set[ObjectKey] = set()
+        for pod in pods:
+            for volume in pod.volumes:
+                keys.update(self._volume_references(pod.namespace, volume.source))
+        return keys
+
+    def _volume_references(self, namespace: str, source: object) -> set[ObjectKey]:
+        match source:
+            case ConfigMapVolumeSource(name=name):
+                return {ObjectKey(Kind.CONFIG_MAP, namespace, name)}
+            case SecretVolumeSource(secret_name=name):
+                return {ObjectKey(Kind.SECRET, namespace, name)}
+            case ProjectedVolumeSource(sources=sources):
+                keys = set()
+                for projection in sources:
+                    if isinstance(projection, ConfigMapProjection):
+                        keys.add(ObjectKey(Kind.CONFIG_MAP, namespace, projection.name))
+                    elif isinstance(projection, SecretProjection):
+                        keys.add(ObjectKey(Kind.SECRET, namespace, projection.name))
+                return keys
+            case PersistentVolumeClaimVolumeSource(claim_name=name):
+                claim_key = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
+                claim = self._store.get(claim_key, PersistentVolumeClaim)
+                if claim is None or not claim.volume_name:
+                    return {claim_key}
+                return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
+            case _:
+                return set()
+
+
+def _key_of(raw: Obj) -> ObjectKey:
+    meta = raw.get("metadata") or {}
+    return ObjectKey(Kind.POD, str(meta.get("namespace") or "default"), str(meta.get("name")))

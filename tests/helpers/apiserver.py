@@ -1,0 +1,635 @@
+"""A Kubernetes API server on loopback, speaking the real wire protocol, driven by the tests.
+
+A real kube-apiserver cannot run on the test machines, and the agent must not know the difference:
+it talks to this server through the `kubernetes` client exactly as it talks to a cluster. What the
+client uses is implemented as the API server does it:
+
+- core/v1 pods, configmaps, secrets, persistentvolumeclaims (namespaced) and persistentvolumes
+  (cluster-scoped): GET one object (404 Status when absent), LIST (`metadata.resourceVersion`),
+  WATCH (HTTP/1.1 chunked stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
+  events when `allowWatchBookmarks`; an `ERROR` event carrying a 410 Status when the version is
+  older than the compacted history; the stream ends after `timeoutSeconds`);
+- `fieldSelector` (`metadata.name`, `metadata.namespace`, `spec.nodeName`; `=`, `==`, `!=`;
+  other fields are a 400) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`);
+- TokenRequest (`POST .../serviceaccounts/NAME/token`): the service account must exist ("default"
+  always does), the bound pod must exist with that uid, `expirationSeconds` >= 600; the token is a
+  JWT-shaped string whose payload names audience, pod and expiry;
+- core/v1 Events: POST (409 if the name exists) and PATCH (merge of the fields sent);
+- bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates.
+
+The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
+global resourceVersion and wake the watches, and steer faults: `cut_watches()` (a watch dies in
+the middle of an event), `compact()` (history gone: resuming watches get 410), `stop()`/`start()`
+(a restart on the same port: connections reset, history compacted, as a new API server's watch
+cache), `token_lifetime_s` (the server shortens tokens, as `--service-account-max-token-expiration`
+may). `requests` records every request for assertions.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import copy
+import datetime
+import http.server
+import json
+import select
+import socket
+import threading
+import time
+import urllib.parse
+import uuid
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+Obj = dict[str, Any]
+
+TOKEN = "fusevol-test-token"
+NAMESPACED = {"pods": "Pod", "configmaps": "ConfigMap", "secrets": "Secret"}
+NAMESPACED["persistentvolumeclaims"] = "PersistentVolumeClaim"
+CLUSTER = {"persistentvolumes": "PersistentVolume"}
+RESOURCE_OF = {kind: plural for plural, kind in {**NAMESPACED, **CLUSTER}.items()}
+FIELDS = {"metadata.name", "metadata.namespace"}
+POD_FIELDS = FIELDS | {"spec.nodeName"}
+
+
+class ApiError(Exception):
+    """What the server answers instead of an object: a Status."""
+
+    def __init__(self, code: int, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.reason, self.message = code, reason, message
+
+    def status(self) -> Obj:
+        return {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str
+    query: dict[str, str]
+
+    @property
+    def watch(self) -> bool:
+        return self.query.get("watch") in ("true", "1")
+
+
+@dataclass
+class _Watch:
+    resource: str
+    namespace: str | None
+    query: dict[str, str]
+    connection: socket.socket
+    cut: bool = False
+
+
+@dataclass
+class _History:
+    events: list[tuple[int, str, str, Obj]] = field(default_factory=list)
+    """(resourceVersion, type, resource, object), in order."""
+    compacted: int = 0
+    """Watches from a resourceVersion below this get 410 Gone (etcd's compacted revision)."""
+
+
+class ApiServer:
+    def __init__(self, *, bookmark_interval_s: float = 60.0) -> None:
+        self.bookmark_interval_s = bookmark_interval_s
+        self.token_lifetime_s: int | None = None
+        self.requests: list[Request] = []
+        self.events: dict[tuple[str, str], Obj] = {}
+        self.tokens_issued: list[Obj] = []
+        self.service_accounts: set[tuple[str, str]] = set()
+        self._cond = threading.Condition()
+        self._rv = 100
+        self._objects: dict[tuple[str, str, str], Obj] = {}
+        self._history = _History()
+        self._watches: list[_Watch] = []
+        self._connections: set[socket.socket] = set()
+        self._httpd: _HTTPServer | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def start(self) -> ApiServer:
+        """Listen (again) on loopback, on the same port after a `stop()`. A restarted server's
+        watch cache starts at the current resourceVersion: older watches get 410."""
+        with self._cond:
+            self._history.compacted = self._rv
+            self._history.events.clear()
+        self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler, self)
+        self.port = self._httpd.server_address[1]
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Go away: stop listening and reset every connection."""
+        if self._httpd is None:
+            return
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        with self._cond:
+            for sock in list(self._connections):
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+            self._watches.clear()
+            self._cond.notify_all()
+        self._httpd = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def write_kubeconfig(self, path: Path, *, token: str = TOKEN) -> Path:
+        config = {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "users": [{"name": "fusevol", "user": {"token": token}}],
+            "contexts": [{"name": "test", "context": {"cluster": "test", "user": "fusevol"}}],
+            "current-context": "test",
+        }
+        path.write_text(json.dumps(config))
+        return path
+
+    # -- the world, as the tests change it ---------------------------------------------------------
+
+    def create(self, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        resource, namespace, name = self._identity(obj)
+        meta = obj.setdefault("metadata", {})
+        with self._cond:
+            if (resource, namespace, name) in self._objects:
+                raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
+            meta.setdefault("uid", str(uuid.uuid4()))
+            meta.setdefault("creationTimestamp", _now())
+            return self._commit("ADDED", resource, namespace, name, _normalize(obj))
+
+    def update(self, obj: Obj) -> Obj:
+        obj = copy.deepcopy(obj)
+        resource, namespace, name = self._identity(obj)
+        with self._cond:
+            old = self._objects.get((resource, namespace, name))
+            if old is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            obj = _normalize(obj)
+            if old.get("immutable") and any(
+                obj.get(f) != old.get(f) for f in ("data", "binaryData", "immutable")
+            ):
+                raise ApiError(422, "Invalid", "field is immutable when `immutable` is set")
+            obj["metadata"]["uid"] = old["metadata"]["uid"]
+            obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"]
+            return self._commit("MODIFIED", resource, namespace, name, obj)
+
+    def apply(self, obj: Obj) -> Obj:
+        """Create or update."""
+        resource, namespace, name = self._identity(obj)
+        with self._cond:
+            exists = (resource, namespace, name) in self._objects
+        return self.update(obj) if exists else self.create(obj)
+
+    def delete(self, kind: str, namespace: str, name: str) -> None:
+        resource = RESOURCE_OF[kind]
+        namespace = "" if resource in CLUSTER else namespace
+        with self._cond:
+            old = self._objects.pop((resource, namespace, name), None)
+            if old is None:
+                raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            self._commit("DELETED", resource, namespace, name, old)
+
+    def get(self, kind: str, namespace: str, name: str) -> Obj | None:
+        resource = RESOURCE_OF[kind]
+        with self._cond:
+            obj = self._objects.get((resource, "" if resource in CLUSTER else namespace, name))
+            return copy.deepcopy(obj)
+
+    # -- faults ------------------------------------------------------------------------------------
+
+    def cut_watches(self) -> int:
+        """Every open watch dies with its next event half written. Returns how many."""
+        with self._cond:
+            for watch in self._watches:
+                watch.cut = True
+            self._cond.notify_all()
+            return len(self._watches)
+
+    def compact(self) -> None:
+        """Forget the history: a watch resuming from an older resourceVersion gets 410 Gone."""
+        with self._cond:
+            self._history.compacted = self._rv
+            self._history.events.clear()
+
+    def open_watches(self, resource: str | None = None) -> list[tuple[str, str | None, str]]:
+        """(resource, namespace, fieldSelector) of every watch being served now."""
+        with self._cond:
+            return [
+                (w.resource, w.namespace, w.query.get("fieldSelector", ""))
+                for w in self._watches
+                if resource is None or w.resource == resource
+            ]
+
+    def count(self, method: str, resource: str, *, watch: bool | None = None) -> int:
+        return sum(
+            1
+            for r in list(self.requests)
+            if r.method == method
+            and _resource_of_path(r.path) == resource
+            and (watch is None or r.watch == watch)
+        )
+
+    # -- internals (under the lock) ----------------------------------------------------------------
+
+    def _identity(self, obj: Obj) -> tuple[str, str, str]:
+        resource = RESOURCE_OF[obj["kind"]]
+        meta = obj.setdefault("metadata", {})
+        if resource in CLUSTER:
+            return resource, "", meta["name"]
+        namespace = meta.setdefault("namespace", "default")
+        return resource, namespace, meta["name"]
+
+    def _commit(self, kind: str, resource: str, namespace: str, name: str, obj: Obj) -> Obj:
+        self._rv += 1
+        obj["metadata"]["resourceVersion"] = str(self._rv)
+        if kind != "DELETED":
+            self._objects[(resource, namespace, name)] = obj
+        self._history.events.append((self._rv, kind, resource, copy.deepcopy(obj)))
+        self._cond.notify_all()
+        return copy.deepcopy(obj)
+
+    def _list(self, resource: str, namespace: str | None, query: dict[str, str]) -> Obj:
+        selector = _selector(resource, query)
+        with self._cond:
+            items = [
+                copy.deepcopy(obj)
+                for (res, ns, _), obj in sorted(self._objects.items())
+                if res == resource and namespace in (None, ns) and selector(obj)
+            ]
+            rv = self._rv
+        kind = {**NAMESPACED, **CLUSTER}[resource]
+        return {
+            "kind": f"{kind}List",
+            "apiVersion": "v1",
+            "metadata": {"resourceVersion": str(rv)},
+            "items": items,
+        }
+
+    def _get_one(self, resource: str, namespace: str, name: str) -> Obj:
+        with self._cond:
+            obj = self._objects.get((resource, namespace, name))
+        if obj is None:
+            raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+        return copy.deepcopy(obj)
+
+    def _issue_token(self, namespace: str, account: str, body: Obj) -> Obj:
+        spec = body.get("spec") or {}
+        seconds = spec.get("expirationSeconds") or 3600
+        if seconds < 600:
+            raise ApiError(422, "Invalid", "may not specify a duration less than 10 minutes")
+        if account != "default" and (namespace, account) not in self.service_accounts:
+            raise ApiError(404, "NotFound", f'serviceaccounts "{account}" not found')
+        ref = spec.get("boundObjectRef") or {}
+        if ref:
+            pod = self._objects.get(("pods", namespace, ref.get("name", "")))
+            if ref.get("kind") != "Pod" or pod is None:
+                raise ApiError(404, "NotFound", f'pods "{ref.get("name")}" not found')
+            if ref.get("uid") and ref["uid"] != pod["metadata"]["uid"]:
+                message = f"the UID in the bound object reference ({ref['uid']}) does not match"
+                raise ApiError(409, "Conflict", message)
+        lifetime = self.token_lifetime_s or seconds
+        now = time.time()
+        claims = {
+            "aud": spec.get("audiences") or ["https://kubernetes.default.svc"],
+            "iat": int(now),
+            "exp": int(now + lifetime),
+            "sub": f"system:serviceaccount:{namespace}:{account}",
+            "kubernetes.io": {"pod": {"name": ref.get("name"), "uid": ref.get("uid")}},
+            "n": len(self.tokens_issued),
+        }
+        token = ".".join(
+            base64.urlsafe_b64encode(json.dumps(part).encode()).decode().rstrip("=")
+            for part in ({"alg": "RS256"}, claims, {"sig": "test"})
+        )
+        self.tokens_issued.append(claims)
+        expiry = datetime.datetime.fromtimestamp(now + lifetime, datetime.UTC)
+        return {
+            "kind": "TokenRequest",
+            "apiVersion": "authentication.k8s.io/v1",
+            "metadata": {"name": account, "namespace": namespace},
+            "spec": {**spec, "expirationSeconds": lifetime},
+            "status": {"token": token, "expirationTimestamp": _rfc3339(expiry)},
+        }
+
+    def _record_event(self, method: str, namespace: str, name: str | None, body: Obj) -> Obj:
+        with self._cond:
+            if method == "POST":
+                name = body.get("metadata", {}).get("name", "")
+                if (namespace, name) in self.events:
+                    raise ApiError(409, "AlreadyExists", f'events "{name}" already exists')
+                self._rv += 1
+                body.setdefault("metadata", {})["resourceVersion"] = str(self._rv)
+                self.events[(namespace, name)] = body
+                return body
+            assert name is not None
+            old = self.events.get((namespace, name))
+            if old is None:
+                raise ApiError(404, "NotFound", f'events "{name}" not found')
+            merged = _merge(old, body)
+            self.events[(namespace, name)] = merged
+            return merged
+
+    def _serve_watch(self, handler: _Handler, watch: _Watch) -> None:
+        """Stream events until the timeout, a cut, or the server goes away."""
+        selector = _selector(watch.resource, watch.query)
+        deadline = time.monotonic() + float(watch.query.get("timeoutSeconds") or 1800)
+        bookmarks = watch.query.get("allowWatchBookmarks") == "true"
+        since = watch.query.get("resourceVersion", "")
+        with self._cond:
+            if since not in ("", "0") and int(since) < self._history.compacted:
+                message = f"too old resource version: {since} ({self._history.compacted})"
+                handler.send_chunk(
+                    {"type": "ERROR", "object": ApiError(410, "Expired", message).status()}
+                )
+                return
+            if since in ("", "0"):  # the current state as ADDED events, then what follows
+                pending = [
+                    ("ADDED", copy.deepcopy(o))
+                    for (res, ns, _), o in sorted(self._objects.items())
+                    if res == watch.resource and watch.namespace in (None, ns) and selector(o)
+                ]
+                cursor = self._rv
+            else:
+                pending, cursor = [], int(since)
+            self._watches.append(watch)
+        next_bookmark = time.monotonic() + self.bookmark_interval_s
+        try:
+            while True:
+                for kind, obj in pending:
+                    handler.send_chunk({"type": kind, "object": obj}, cut=watch.cut)
+                with self._cond:
+                    while True:
+                        if watch.cut or watch not in self._watches:
+                            if watch.cut:
+                                handler.send_chunk({"type": "MODIFIED", "object": {}}, cut=True)
+                            return
+                        events = [
+                            e
+                            for e in self._history.events
+                            if e[0] > cursor
+                            and e[2] == watch.resource
+                            and watch.namespace in (None, e[3]["metadata"].get("namespace"))
+                        ]
+                        now = time.monotonic()
+                        if events or now >= deadline or (bookmarks and now >= next_bookmark):
+                            break
+                        # Like a real server, notice a client that went away while idle.
+                        if _hung_up(watch.connection):
+                            return
+                        self._cond.wait(min(deadline, next_bookmark, now + 0.05) - now)
+                    cursor = max([cursor, *(e[0] for e in events)])
+                    rv = self._rv
+                pending = [(kind, obj) for _, kind, _, obj in events if selector(obj)]
+                if not events and time.monotonic() >= deadline:
+                    return
+                if not events and bookmarks and time.monotonic() >= next_bookmark:
+                    next_bookmark = time.monotonic() + self.bookmark_interval_s
+                    kind = {**NAMESPACED, **CLUSTER}[watch.resource]
+                    meta = {"resourceVersion": str(rv)}
+                    bookmark = {"kind": kind, "apiVersion": "v1", "metadata": meta}
+                    cursor = max(cursor, rv)
+                    handler.send_chunk({"type": "BOOKMARK", "object": bookmark})
+        finally:
+            with self._cond:
+                if watch in self._watches:
+                    self._watches.remove(watch)
+
+
+class _HTTPServer(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, address: tuple[str, int], handler: type, api: ApiServer) -> None:
+        self.api = api
+        super().__init__(address, handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self.api._cond:
+            self.api._connections.add(request)
+        super().process_request(request, client_address)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up (the agent closing a watch, a restart) is no error."""
+
+    def shutdown_request(self, request: Any) -> None:
+        with self.api._cond:
+            self.api._connections.discard(request)
+        super().shutdown_request(request)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _HTTPServer
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+    def do_GET(self) -> None:
+        self._handle("GET")
+
+    def do_POST(self) -> None:
+        self._handle("POST")
+
+    def do_PATCH(self) -> None:
+        self._handle("PATCH")
+
+    def _handle(self, method: str) -> None:
+        api = self.server.api
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        api.requests.append(Request(method, url.path, query))
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        try:
+            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+                raise ApiError(401, "Unauthorized", "Unauthorized")
+            self._route(method, url.path, query, body)
+        except ApiError as exc:
+            self.send_json(exc.code, exc.status())
+        except (BrokenPipeError, ConnectionResetError):
+            self.close_connection = True
+
+    def _route(self, method: str, path: str, query: dict[str, str], body: Obj) -> None:
+        api = self.server.api
+        parts = path.strip("/").split("/")
+        if parts[:2] != ["api", "v1"]:
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        rest = parts[2:]
+        namespace: str | None = None
+        if len(rest) >= 3 and rest[0] == "namespaces":
+            namespace, rest = rest[1], rest[2:]
+        if rest == ["events"] and method == "POST" and namespace:
+            self.send_json(201, api._record_event("POST", namespace, None, body))
+        elif len(rest) == 2 and rest[0] == "events" and method == "PATCH" and namespace:
+            self.send_json(200, api._record_event("PATCH", namespace, rest[1], body))
+        elif len(rest) == 3 and rest[0] == "serviceaccounts" and rest[2] == "token":
+            if method != "POST" or namespace is None:
+                raise ApiError(405, "MethodNotAllowed", "method not allowed")
+            with api._cond:
+                response = api._issue_token(namespace, rest[1], body)
+            self.send_json(201, response)
+        elif (
+            method != "GET"
+            or not rest
+            or rest[0] not in {**NAMESPACED, **CLUSTER}
+            or len(rest) > 2
+            or (rest[0] in CLUSTER and namespace is not None)
+            or (rest[0] in NAMESPACED and len(rest) == 2 and namespace is None)
+        ):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
+        elif len(rest) == 2:
+            self.send_json(200, api._get_one(rest[0], namespace or "", rest[1]))
+        elif query.get("watch") in ("true", "1"):
+            _selector(rest[0], query)  # a bad selector is a 400 before the stream starts
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            api._serve_watch(self, _Watch(rest[0], namespace, query, self.connection))
+            self.wfile.write(b"0\r\n\r\n")
+            self.wfile.flush()
+        else:
+            self.send_json(200, api._list(rest[0], namespace, query))
+
+    def send_json(self, code: int, obj: Obj) -> None:
+        data = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def send_chunk(self, event: Obj, *, cut: bool = False) -> None:
+        line = json.dumps(event).encode() + b"\n"
+        if cut:  # the chunk announces the whole line, half of it comes, then the connection dies
+            self.wfile.write(b"%x\r\n" % len(line) + line[: len(line) // 2])
+            self.wfile.flush()
+            with contextlib.suppress(OSError):
+                self.connection.shutdown(socket.SHUT_RDWR)
+            self.close_connection = True
+            raise ConnectionResetError("watch cut")
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+        self.wfile.flush()
+
+
+# -- helpers -------------------------------------------------------------------------------------
+
+
+def _selector(resource: str, query: dict[str, str]) -> Any:
+    allowed = POD_FIELDS if resource == "pods" else FIELDS
+    fields = _parse_selector(query.get("fieldSelector", ""))
+    for name, _, _ in fields:
+        if name not in allowed:
+            raise ApiError(400, "BadRequest", f'field label not supported: "{name}"')
+    labels = _parse_selector(query.get("labelSelector", ""))
+
+    def matches(obj: Obj) -> bool:
+        meta = obj.get("metadata", {})
+        for name, op, value in fields:
+            actual = meta.get("name") if name == "metadata.name" else None
+            if name == "metadata.namespace":
+                actual = meta.get("namespace", "")
+            elif name == "spec.nodeName":
+                actual = (obj.get("spec") or {}).get("nodeName", "")
+            if (actual == value) != (op == "="):
+                return False
+        have = meta.get("labels") or {}
+        for name, op, value in labels:
+            if op == "exists" and name not in have:
+                return False
+            if op == "!exists" and name in have:
+                return False
+            if op in ("=", "!=") and (have.get(name) == value) != (op == "="):
+                return False
+        return True
+
+    return matches
+
+
+def _hung_up(sock: socket.socket) -> bool:
+    """True if the peer closed its side (a watch client never sends anything after its request)."""
+    try:
+        readable, _, _ = select.select([sock], [], [], 0)
+        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
+    except OSError:
+        return True
+
+
+def _parse_selector(text: str) -> list[tuple[str, str, str]]:
+    terms = []
+    for term in filter(None, (t.strip() for t in text.split(","))):
+        if "!=" in term:
+            name, value = term.split("!=", 1)
+            terms.append((name.strip(), "!=", value.strip()))
+        elif "=" in term:
+            name, value = term.replace("==", "=").split("=", 1)
+            terms.append((name.strip(), "=", value.strip()))
+        elif term.startswith("!"):
+            terms.append((term[1:].strip(), "!exists", ""))
+        else:
+            terms.append((term, "exists", ""))
+    return terms
+
+
+def _resource_of_path(path: str) -> str:
+    parts = path.strip("/").split("/")[2:]
+    if len(parts) >= 3 and parts[0] == "namespaces":
+        parts = parts[2:]
+    return "/".join(p for p in parts[:1] + parts[2:3])
+
+
+def _normalize(obj: Obj) -> Obj:
+    """What the API server stores: `stringData` merged into `data` (base64)."""
+    if obj.get("kind") == "Secret" and obj.get("stringData"):
+        data = obj.setdefault("data", {})
+        for key, value in obj.pop("stringData").items():
+            data[key] = base64.b64encode(value.encode()).decode()
+    return obj
+
+
+def _merge(old: Obj, patch: Obj) -> Obj:
+    merged = copy.deepcopy(old)
+    for key, value in patch.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _rfc3339(moment: datetime.datetime) -> str:
+    return moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _now() -> str:
+    return _rfc3339(datetime.datetime.now(datetime.UTC))
+
+
+@contextlib.contextmanager
+def running_apiserver(**kwargs: Any) -> Any:
+    server = ApiServer(**kwargs).start()
+    try:
+        yield server
+    finally:
+        server.stop()

@@ -1,0 +1,289 @@
+"""The Kubernetes API source end to end: the real agent, the real client, a loopback API server.
+
+Each test checks what a pod sees in its volume directory, and what the agent did on the wire
+(the server records requests and open watches), through faults a cluster produces: a watch cut in
+the middle of an event, history compacted (410), the API server restarting, objects deleted or
+immutable, tokens expiring.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import os
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.agent import mounts_below, wait_for
+from tests.helpers.apiserver import ApiError
+from tests.kube.conftest import UID, configmap, configmap_volume, pod
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from tests.helpers.apiserver import ApiServer
+
+OTHER_UID = "cccccccc-0000-4000-8000-000000000002"
+
+
+def read(path: Any) -> str | None:
+    try:
+        return str(path.read_text())
+    except FileNotFoundError:
+        return None
+
+
+def test_pods_of_this_node_are_served_and_follow_their_configmap(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    api.create(
+        pod("elsewhere", OTHER_UID, node="other-node", volumes=[configmap_volume("c", "app")])
+    )
+    with kube_agent() as agent:
+        key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
+        assert key.read_text() == "1"
+        assert not (agent.root / "pods" / OTHER_UID).exists()
+        # One watch for the node's pods, one per referenced object, each by name.
+        assert sorted(api.open_watches()) == [
+            ("configmaps", "default", "metadata.name=app"),
+            ("pods", None, "spec.nodeName=test-node"),
+        ]
+        for value in ("v0", "v1", "v2"):
+            api.update(configmap("app", {"a": value}))
+            wait_for(functools.partial(lambda v: read(key) == v, value), timeout_s=5)
+        # The last pod referencing it goes: its volume is torn down and its watch closed.
+        api.delete("Pod", "default", "web")
+        wait_for(lambda: not (agent.root / "pods" / UID).exists(), timeout_s=5)
+        wait_for(lambda: api.open_watches("configmaps") == [], timeout_s=5)
+        assert api.count("GET", "configmaps", watch=False) == 1  # its one list
+
+
+def test_a_watch_cut_mid_event_resumes_without_relisting(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
+        lists = api.count("GET", "configmaps", watch=False)
+        assert api.cut_watches() == 2
+        api.update(configmap("app", {"a": "2"}))  # its event is the one cut in half
+        wait_for(lambda: read(key) == "2", timeout_s=10)
+        assert api.count("GET", "configmaps", watch=True) >= 2  # watched again...
+        assert api.count("GET", "configmaps", watch=False) == lists  # ...from where it stopped
+        assert "watch failed" in agent.log_text()
+
+
+def test_410_gone_relists_and_converges(api: ApiServer, kube_agent: Callable[..., Any]) -> None:
+    api.create(configmap("app", {"a": "1", "b": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        volume = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        lists = api.count("GET", "configmaps", watch=False)
+        api.update(configmap("app", {"a": "2"}))
+        api.compact()  # the update's event is gone from history
+        api.cut_watches()
+        wait_for(lambda: read(volume / "a") == "2" and read(volume / "b") is None, timeout_s=10)
+        assert api.count("GET", "configmaps", watch=False) == lists + 1
+        assert "watch expired, relisting" in agent.log_text()
+
+
+def test_bookmarks_move_the_resume_point(api: ApiServer, kube_agent: Callable[..., Any]) -> None:
+    api.bookmark_interval_s = 0.2
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
+        for i in range(3):  # the cluster moves on; nothing this agent watches changes
+            api.create(configmap(f"unrelated-{i}", {}))
+        time.sleep(1.0)  # bookmarks carry the new resourceVersion to every watch
+        api.compact()  # a watch resuming from its list's version would now get 410
+        lists = api.count("GET", "configmaps", watch=False)
+        api.cut_watches()
+        api.update(configmap("app", {"a": "2"}))
+        wait_for(lambda: read(key) == "2", timeout_s=10)
+        assert api.count("GET", "configmaps", watch=False) == lists  # resumed: no relist
+        assert "watch expired" not in agent.log_text()
+
+
+def test_an_api_server_restart_keeps_volumes_served_and_converges(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    api.create(pod("second", OTHER_UID, volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
+        agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "config"))
+        api.stop()
+        # While it is away: the cluster changes, the node keeps serving what it had.
+        api.update(configmap("app", {"a": "2"}))
+        api.delete("Pod", "default", "second")
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            assert key.read_text() == "1"
+            assert agent.volume_status(UID, "config")["state"] == "mounted"
+            time.sleep(0.1)
+        assert (agent.root / "pods" / OTHER_UID).exists()
+        api.start()
+        wait_for(lambda: read(key) == "2", timeout_s=40)
+        wait_for(lambda: not (agent.root / "pods" / OTHER_UID).exists(), timeout_s=10)
+        assert "watch expired, relisting" in agent.log_text()
+
+
+def test_deleted_objects_optional_empties_required_keeps_and_reports(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    api.create(configmap("opt", {"a": "1"}))
+    api.create(configmap("req", {"a": "1"}))
+    volumes = [
+        configmap_volume("opt", "opt", optional=True),
+        configmap_volume("req", "req"),
+    ]
+    api.create(pod(volumes=volumes))
+    with kube_agent() as agent:
+        optional = agent.wait_mounted(agent.volume(UID, "configmap", "opt"))
+        required = agent.wait_mounted(agent.volume(UID, "configmap", "req"))
+        api.delete("ConfigMap", "default", "opt")
+        api.delete("ConfigMap", "default", "req")
+        wait_for(lambda: read(optional / "a") is None, timeout_s=5)
+        assert os.path.isdir(optional / "..data")
+        message = 'MountVolume.SetUp failed for volume "req" : configmap "req" not found'
+
+        def event() -> dict[str, Any] | None:
+            found = [e for e in api.events.values() if e["message"] == message]
+            return found[0] if found else None
+
+        first = wait_for(event, timeout_s=5)
+        assert first["reason"] == "FailedMount"
+        assert first["type"] == "Warning"
+        assert first["involvedObject"]["kind"] == "Pod"
+        assert first["involvedObject"]["uid"] == UID
+        # The retries (0.5 s, 1 s, ...) count on the same event instead of creating new ones.
+        wait_for(lambda: (event() or {}).get("count", 0) >= 2, timeout_s=5)
+        assert len(api.events) == 1
+        assert read(required / "a") == "1"  # a running pod keeps its last files
+        # It comes back: served again.
+        api.create(configmap("req", {"a": "back"}))
+        wait_for(lambda: read(required / "a") == "back", timeout_s=10)
+
+
+def test_an_immutable_object_is_not_watched(api: ApiServer, kube_agent: Callable[..., Any]) -> None:
+    api.create(configmap("frozen", {"a": "1"}, immutable=True))
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("f", "frozen"), configmap_volume("c", "app")]))
+    with kube_agent() as agent:
+        frozen = agent.wait_mounted(agent.volume(UID, "configmap", "f")) / "a"
+        agent.wait_mounted(agent.volume(UID, "configmap", "c"))
+        wait_for(
+            lambda: (
+                api.open_watches("configmaps") == [("configmaps", "default", "metadata.name=app")]
+            ),
+            timeout_s=5,
+        )
+        with pytest.raises(ApiError, match="immutable"):
+            api.update(configmap("frozen", {"a": "2"}, immutable=True))
+        # A second pod using it is served from what the agent holds, without a new watch.
+        api.create(pod("second", OTHER_UID, volumes=[configmap_volume("f", "frozen")]))
+        second = agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "f")) / "a"
+        assert second.read_text() == frozen.read_text() == "1"
+        assert len(api.open_watches("configmaps")) == 1
+
+
+def _claims(token: str) -> dict[str, Any]:
+    payload = token.split(".")[1]
+    result: dict[str, Any] = json.loads(
+        base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4))
+    )
+    return result
+
+
+def test_service_account_tokens_are_bound_refreshed_and_moded(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    api.token_lifetime_s = 3  # the server grants less than asked: refresh at 80 % of that
+    api.service_accounts.add(("default", "robot"))
+    token_volume = {
+        "name": "token",
+        "projected": {
+            "sources": [
+                {"serviceAccountToken": {"path": "token", "audience": "vault"}},
+                {"configMap": {"name": "app"}},
+            ]
+        },
+    }
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[token_volume]))
+    api.create(
+        pod(
+            "runner",
+            OTHER_UID,
+            volumes=[token_volume],
+            serviceAccountName="robot",
+            securityContext={"runAsUser": 1000},
+        )
+    )
+    with kube_agent() as agent:
+        path = agent.wait_mounted(agent.volume(UID, "projected", "token")) / "token"
+        claims = _claims(path.read_text())
+        assert claims["aud"] == ["vault"]
+        assert claims["sub"] == "system:serviceaccount:default:default"
+        assert claims["kubernetes.io"]["pod"] == {"name": "web", "uid": UID}
+        status = os.stat(path)
+        assert (status.st_mode & 0o7777, status.st_uid) == (0o644, 0)
+        # runAsUser: 0600, owned by that user (kubelet's e2e expectations).
+        other = agent.wait_mounted(agent.volume(OTHER_UID, "projected", "token")) / "token"
+        assert _claims(other.read_text())["sub"] == "system:serviceaccount:default:robot"
+        status = os.stat(other)
+        assert (status.st_mode & 0o7777, status.st_uid, status.st_gid) == (0o600, 1000, 0)
+        # Refreshed at 80 % of its 3 s lifetime, minus jitter: a new token within ~2.5 s.
+        started = time.monotonic()
+        wait_for(lambda: _claims(path.read_text())["n"] != claims["n"], timeout_s=6)
+        assert time.monotonic() - started < 3
+        token = path.read_text()  # in memory and in the volume only: never shown or logged
+        assert token not in json.dumps(agent.snapshot())
+        assert token not in agent.log_text()
+
+
+@pytest.mark.parametrize("strategy", ["Cache", "Get"])
+def test_cache_and_get_strategies(
+    api: ApiServer, kube_agent: Callable[..., Any], strategy: str
+) -> None:
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    # Cache with a TTL far beyond the test; Get refetches at every 0.3 s sync.
+    args = ("--change-detection", strategy, "--sync-period", "0.3", "--cache-ttl", "600")
+    with kube_agent(*args) as agent:
+        key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
+        assert api.open_watches("configmaps") == []  # no watch: GETs only
+        api.update(configmap("app", {"a": "2"}))
+        if strategy == "Get":
+            wait_for(lambda: read(key) == "2", timeout_s=3)
+            fetched = api.count("GET", "configmaps")
+            time.sleep(1.0)
+            assert api.count("GET", "configmaps") >= fetched + 2  # at every sync
+            return
+        time.sleep(1.5)  # five syncs: the cached copy is still fresh
+        assert read(key) == "1"
+        assert api.count("GET", "configmaps") == 1
+        # A pod update invalidates its objects (kubelet's cache-based manager).
+        updated = pod(volumes=[configmap_volume("config", "app")])
+        updated["metadata"]["annotations"] = {"touched": "1"}
+        api.update(updated)
+        wait_for(lambda: read(key) == "2", timeout_s=3)
+        assert api.count("GET", "configmaps") == 2
+
+
+def test_no_mount_is_left_behind(api: ApiServer, kube_agent: Callable[..., Any]) -> None:
+    """The agent's clean stop unmounts what the API source set up (checked by `kube_agent`)."""
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        root = agent.root
+    assert mounts_below(root) == []
