@@ -5,8 +5,9 @@ configMap, a secret, a projected and an emptyDir volume), their ConfigMap and Se
 EDITS times while reader processes read every volume, then every pod goes. At the end of each
 cycle, once the agent is idle again, a checkpoint records what the agent holds: RSS, open file
 descriptors, threads, child processes, mounts under its root, FUSE tree inodes and staged nodes.
-Every checkpoint describes the same state (no pods), so everything but RSS must be equal, and RSS
-must not grow beyond allocator noise.
+Every checkpoint describes the same state (no pods), so fds, children, mounts and FUSE inodes
+must be equal at each; threads vary with trio's idle thread cache (its threads exit after 10 s
+idle), and RSS grows while the allocator warms up, so RSS must be flat over the second half.
 
     .venv/bin/python bench/soak.py [--minutes 5] [--pods 20] [--edits 10]     (root: mounts)
 """
@@ -27,8 +28,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
-RSS_GROWTH_LIMIT_MIB = 8.0
-"""Allowed RSS growth from the first checkpoint to the last: allocator noise, not a leak."""
+RSS_GROWTH_LIMIT_MIB = 2.0
+"""Allowed RSS growth over the second half of the checkpoints: allocator noise, not a leak."""
+VARYING = ("rss_mib", "threads")
+"""Not compared for equality (see the module docstring)."""
 
 
 @dataclass(frozen=True)
@@ -167,15 +170,18 @@ def main() -> None:
                 values = " ".join(f"{v:>8.1f}" for v in astuple(points[-1]))
                 print(f"{len(points):>5} {time.monotonic() - started:>6.0f} {values}", flush=True)
             agent.stop()
-    first, last = points[0], points[-1]
-    flat = [n for n in names if n != "rss_mib" and getattr(first, n) != getattr(last, n)]
-    growth = last.rss_mib - first.rss_mib
+    changed = [n for n in names if n not in VARYING and len({getattr(p, n) for p in points}) > 1]
+    middle, last = points[len(points) // 2], points[-1]
+    growth = last.rss_mib - middle.rss_mib
+    threads = sorted(p.threads for p in points)
     print(
         f"{len(points)} cycles of {args.pods} pods x 4 volumes, {args.edits} edits each: "
-        f"RSS {first.rss_mib:.1f} -> {last.rss_mib:.1f} MiB, "
-        + ("every other figure equal at each checkpoint" if not flat else f"CHANGED: {flat}")
+        f"RSS {points[0].rss_mib:.1f} -> {middle.rss_mib:.1f} (half-way) -> "
+        f"{last.rss_mib:.1f} MiB, threads {threads[0]}-{threads[-1]}; "
+        + ("fds, children, mounts, inodes equal at every checkpoint" if not changed else "")
+        + (f"CHANGED: {changed}" if changed else "")
     )
-    if flat or growth > RSS_GROWTH_LIMIT_MIB:
+    if changed or growth > RSS_GROWTH_LIMIT_MIB:
         sys.exit("not flat")
 
 
