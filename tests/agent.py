@@ -197,6 +197,15 @@ class AgentProcess:
     def fuse_mountpoint(self) -> Path:
         return layout.fuse_mountpoint(self.root)
 
+    def fuse_subtree(self, volume: Path) -> Path:
+        """Where the served volume bound at `volume` is on the agent's own mount: the root of
+        the top bind there (mountinfo's 4th field), below the FUSE mountpoint."""
+        wanted = str(volume.absolute())
+        with open("/proc/self/mountinfo", encoding="utf-8") as f:
+            roots = [line.split()[3] for line in f if line.split()[4] == wanted]
+        assert roots, f"{volume} is not a mount point"
+        return self.fuse_mountpoint() / roots[-1].lstrip("/")
+
 
 @contextlib.contextmanager
 def running_agent(

@@ -84,15 +84,16 @@ class LinuxMountBackend:
     ) -> None:
         if self._is_bind_of(source, target) if stack else self.is_mount_point(target):
             return
-        # mount(8) does not stat the target: a dead FUSE mount there is a valid mount point.
-        await self._run(["mount", "--bind", str(source), str(target)])
+        # One mount(8) for the three mount(2) calls: the bind, the read-only remount (util-linux
+        # does it for `--bind -o ro`) and the propagation change. It does not stat the target: a
+        # dead FUSE mount there is a valid mount point.
+        argv = ["mount", "--bind", *(["-o", "ro"] if read_only else [])]
+        argv += [*(["--make-shared"] if stack else []), str(source), str(target)]
         try:
-            if read_only:
-                await self._run(["mount", "-o", "remount,bind,ro", str(target)])
-            if stack:
-                await self._run(["mount", "--make-shared", str(target)])
+            await self._run(argv)
         except MountError:
-            await self._run(["umount", "-l", str(target)])  # only the layer just added
+            if self._is_bind_of(source, target):  # bound, then a later step failed
+                await self._run(["umount", "-l", str(target)])  # only the layer just added
             raise
 
     async def unmount(self, target: Path, *, force: bool = False) -> None:

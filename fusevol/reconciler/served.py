@@ -10,6 +10,13 @@ one, so that containers whose copy of it receives propagation (rslave) switch to
 covered one goes when the volume is torn down. Containers always get these volume types read-only
 (KUBELET.md A1), so the bind is too; only the agent writes, through its own mount.
 
+Volumes that would hold the same files share one subtree (`subtree_name`): configMap, secret and
+projected volumes of one namespace with the same spec, the same fsGroup and the same nested
+mountpoints, as long as nothing in them depends on the pod (downward API, service account tokens).
+An update then switches one `..data` for all of them, however many pods there are, and the
+kernel's caches hold one copy; every other pod's bind sees the switch at the same instant, with
+the same inotify events. The subtree goes with its last user.
+
 Every operation renders the payload first, so bad input (a missing object or key, an invalid path)
 fails before anything on the node changes: a new volume leaves nothing behind, and a served one
 keeps its last good content, as kubelet does.
@@ -17,7 +24,9 @@ keeps its last good content, as kubelet does.
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import hashlib
 import os
 import posixpath
 import time
@@ -87,6 +96,11 @@ class ServedVolumes:
         self._publisher = publisher
         self._backend = backend
         self._allocatable = allocatable
+        self._users: dict[bytes, set[tuple[PodUID, str]]] = {}
+        """Each subtree's users, (pod uid, volume directory name): it goes with the last one."""
+        self._subtree_of: dict[tuple[PodUID, str], bytes] = {}
+        self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
+        """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
 
     def path(self, volume: VolumeToServe) -> Path:
         assert volume.plugin is not None
@@ -102,24 +116,12 @@ class ServedVolumes:
         """Serve the volume at its pod volume directory; returns the inputs it was built from."""
         inputs = self.inputs(volume)  # before rendering: a change while we work means a refresh
         payload = self.render(volume)
-        assert volume.plugin is not None
-        name = layout.fuse_name(volume.pod.uid, volume.spec_name)
         target = self.path(volume)
-        fs_group = volume.pod.fs_group
         try:
-            await self._publisher.create_volume(
-                name,
-                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
-                gid=fs_group or 0,
-                nested=nested_mountpoints(volume),
-                nested_mode=ownership.dir_mode(0o755, fs_group),
-            )
-            await self._publish(name, volume, payload)
+            await self._serve(volume, payload, subtree_name(volume))
             if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
                 await trio.to_thread.run_sync(mkdir_all, target, 0o750)
-            # Stacked on a predecessor's bind, so that containers holding an rslave copy of it
-            # see the new one (README, "Restarts"); a no-op if ours is already there.
-            await self._backend.bind(self._publisher.path(name), target, read_only=True, stack=True)
+            await self._bind(volume, target)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.tear_down(volume.pod.uid, volume.spec_name, target)
@@ -130,13 +132,70 @@ class ServedVolumes:
         """Publish the volume's current content; returns the inputs it was built from."""
         inputs = self.inputs(volume)
         payload = self.render(volume)
-        name = layout.fuse_name(volume.pod.uid, volume.spec_name)
-        if await self._publish(name, volume, payload):
+        user = (volume.pod.uid, volume.spec_name)
+        name, bound = subtree_name(volume), self._subtree_of.get(user)
+        if bound is not None and bound != name:
+            # The pod's volume spec changed (an edited manifest): its files are no longer those
+            # of the subtree it shares. Served from the right one, bound on top of the old bind,
+            # which goes with the volume (`tear_down` unmounts the whole stack).
+            await self._serve(volume, payload, name)
+            await self._bind(volume, self.path(volume))
+            await self._release(user, bound)
+            return inputs
+        async with self._locks[name]:
+            published = await self._publish(name, volume, payload)
+        if published:
             keys = [*_referenced_objects(volume), volume.pod.key]
             changes = [t for t in map(self._store.changed_at, keys) if t is not None]
             if changes:
                 self._observe_propagation(time.monotonic() - max(changes))
         return inputs
+
+    async def tear_down(self, uid: PodUID, spec_name: str, target: Path) -> None:
+        # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
+        await self._backend.unmount(target)
+        await trio.to_thread.run_sync(_remove_dir, target)
+        user = (uid, spec_name)
+        await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
+
+    async def _serve(self, volume: VolumeToServe, payload: Payload, name: bytes) -> None:
+        """Make subtree `name` (created if needed) hold `payload`, with `volume` among its users."""
+        assert volume.plugin is not None
+        fs_group = volume.pod.fs_group
+        user = (volume.pod.uid, volume.spec_name)
+        async with self._locks[name]:
+            await self._publisher.create_volume(
+                name,
+                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
+                gid=fs_group or 0,
+                nested=nested_mountpoints(volume),
+                nested_mode=ownership.dir_mode(0o755, fs_group),
+            )
+            self._users.setdefault(name, set()).add(user)
+            self._subtree_of[user] = name
+            await self._publish(name, volume, payload)
+
+    async def _bind(self, volume: VolumeToServe, target: Path) -> None:
+        # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
+        # new one (README, "Restarts"); a no-op if ours is already there.
+        source = self._publisher.path(self._subtree_of[(volume.pod.uid, volume.spec_name)])
+        await self._backend.bind(source, target, read_only=True, stack=True)
+
+    async def _release(self, user: tuple[PodUID, str], name: bytes) -> None:
+        """`user` no longer uses subtree `name`: remove it if it was the last one."""
+        if self._subtree_of.get(user) == name:
+            del self._subtree_of[user]
+        users = self._users.get(name, set())
+        users.discard(user)
+        if users:
+            return
+        lock = self._locks[name]
+        async with lock:
+            if not self._users.get(name):  # nobody came meanwhile
+                self._users.pop(name, None)
+                await self._publisher.remove_volume(name)
+        if not lock.locked():  # else handed over to a waiting set-up
+            self._locks.pop(name, None)
 
     async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> bool:
         fs_group = volume.pod.fs_group
@@ -146,12 +205,6 @@ class ServedVolumes:
             gid=fs_group,
             dir_mode=ownership.dir_mode(0o755, fs_group),
         )
-
-    async def tear_down(self, uid: PodUID, spec_name: str, target: Path) -> None:
-        # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
-        await self._backend.unmount(target)
-        await trio.to_thread.run_sync(_remove_dir, target)
-        await self._publisher.remove_volume(layout.fuse_name(uid, spec_name))
 
     def render(self, volume: VolumeToServe) -> Payload:
         """The volume's payload, or VolumeSetupError / InvalidPayload naming what is wrong."""
@@ -203,6 +256,21 @@ class ServedVolumes:
         return tuple(versions)
 
 
+def subtree_name(volume: VolumeToServe) -> bytes:
+    """The volume's subtree on the FUSE mount: shared by every volume that would hold the same
+    files (module docstring), else the pod volume's own (`layout.fuse_name`)."""
+    if _depends_on_pod(volume):
+        return layout.fuse_name(volume.pod.uid, volume.spec_name)
+    spec = (
+        volume.plugin,
+        volume.pod.namespace,
+        volume.source,
+        volume.pod.fs_group,
+        nested_mountpoints(volume),
+    )
+    return b"shared-" + hashlib.sha256(repr(spec).encode()).hexdigest()[:32].encode()
+
+
 def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
     """kubelet's `MakeNestedMountpoints`: for every other volume a container mounts *below* this
     volume's mount path, the first path element below it, so that runc finds a mountpoint
@@ -239,6 +307,20 @@ def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
             return tuple(keys)
         case _:
             return ()
+
+
+def _depends_on_pod(volume: VolumeToServe) -> bool:
+    """True if the files depend on the pod itself: downward API fields, or its own tokens."""
+    match volume.source:
+        case ConfigMapVolumeSource() | SecretVolumeSource():
+            return False
+        case ProjectedVolumeSource(sources=sources):
+            return any(
+                isinstance(p, DownwardAPIProjection | ServiceAccountTokenProjection)
+                for p in sources
+            )
+        case _:
+            return True
 
 
 def _uses_downward_api(volume: VolumeToServe) -> bool:

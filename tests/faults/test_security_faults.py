@@ -177,7 +177,7 @@ def test_every_symlink_stays_inside_its_volume(secret_run: SecretRun) -> None:
     for uid in (POD_A, POD_B):
         for plugin, name in (("secret", "vault"), ("projected", "all"), ("configmap", "config")):
             volume = agent.volume(uid, plugin, name)
-            fuse_subtree = agent.fuse_mountpoint() / f"{uid}_{name}"
+            fuse_subtree = agent.fuse_subtree(volume)
             for top in (volume, fuse_subtree):
                 real_top = os.path.realpath(top)
                 for link in _symlinks(top):
@@ -286,7 +286,7 @@ def test_no_other_process_can_publish_through_the_agent_mount(
 ) -> None:
     """A root process other than the agent, on the agent's own FUSE mount (not the read-only
     pod bind), tries each step of the agent's publishing sequence and its neighbours: EROFS."""
-    volume = shared_agent.fuse_mountpoint() / f"{HEALTHY_UID}_config"
+    volume = shared_agent.fuse_subtree(shared_agent.volume(HEALTHY_UID, "configmap", "config"))
     before = os.readlink(volume / "..data")
     with pytest.raises(OSError, match="Read-only file system") as raised:
         attempt(volume, "..2099_01_01_00_00_00.1")  # type: ignore[operator]

@@ -67,7 +67,7 @@ def test_no_process_but_the_agent_can_change_a_volume(
 ) -> None:
     volume = agent.volume(POD_UID, "configmap", "config")
     if via == "fuse-mount":
-        volume = agent.fuse_mountpoint() / f"{POD_UID}_config"
+        volume = agent.fuse_subtree(volume)
     with pytest.raises(OSError, match="Read-only file system") as raised:
         change(volume)  # type: ignore[operator]
     assert raised.value.errno == errno.EROFS
