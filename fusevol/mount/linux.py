@@ -10,6 +10,7 @@ lazily instead.
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -190,7 +191,10 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _parse_mountinfo_line(line: str) -> MountPoint:
+    """Cached (a pure function of the line): the table is read before every mount, and setting up
+    N volumes would otherwise parse N tables of N lines each."""
     fields = line.split()
     separator = fields.index("-", 6)
     return MountPoint(
