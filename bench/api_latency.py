@@ -21,6 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from tests.agent import NODE, running_agent, wait_for
 from tests.helpers.apiserver import running_apiserver
 
@@ -47,7 +48,9 @@ def measure(updates: int) -> list[float]:
         api.create(configmap("start"))
         api.create(POD)
         kubeconfig = api.write_kubeconfig(Path(tmp) / "kubeconfig")
-        with running_agent(None, Path(tmp) / "root", "--kubeconfig", str(kubeconfig)) as agent:
+        with running_agent(
+            None, Path(tmp) / "root", "--kubeconfig", str(kubeconfig), *AGENT_ARGS
+        ) as agent:
             key = agent.volume(UID, "configmap", "config") / "key"
             wait_for(lambda: key.read_text() == "start")
             latencies = []

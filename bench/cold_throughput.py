@@ -24,6 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from bench.read_path import tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
@@ -110,7 +111,7 @@ def measure(n: int = 2000, repeats: int = 5) -> Result:
         (manifests / "pod.yaml").write_text(POD)
         with (
             tmpfs(base / "kubelet") as kubelet_volume,
-            running_agent(manifests, base / "root") as agent,
+            running_agent(manifests, base / "root", *AGENT_ARGS) as agent,
         ):
             kubelet_reference.write(
                 kubelet_volume, {key: FileProjection(b"v", 0o644) for key in keys}

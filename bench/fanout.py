@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
@@ -67,7 +68,7 @@ def fusevol(n: int) -> tuple[float, float, float, float]:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(configmap("a"))
-        with running_agent(manifests, Path(tmp) / "root") as agent:
+        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
             assert agent.process is not None
             base_rss = rss_mib(agent.process.pid)
             volumes = [

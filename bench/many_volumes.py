@@ -22,6 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
@@ -58,7 +59,7 @@ def measure(n: int = 100) -> Result:
         directory = Path(tmp) / "manifests"
         directory.mkdir()
         (directory / "configmaps.yaml").write_text(configmaps)
-        with running_agent(directory, Path(tmp) / "root") as agent:
+        with running_agent(directory, Path(tmp) / "root", *AGENT_ARGS) as agent:
             keys = [agent.volume(UID, "configmap", f"v{i}") / "key" for i in range(n)]
             started = time.perf_counter()
             (directory / "pod.yaml").write_text(pod)

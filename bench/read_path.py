@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from fusevol import layout
 from fusevol.model import FileProjection, PodUID
 from tests import kubelet_reference
@@ -186,7 +187,10 @@ def run(base: Path, *, iterations: int, versions: int) -> tuple[list[Setup], str
     # The reference is kubelet's layout with a tmpfs on the volume directory (as for Secrets):
     # both paths have the same length and cross a mount.
     kubelet_dir = layout.volume_dir(base / "kubelet", UID, layout.Plugin.CONFIG_MAP, "config")
-    with tmpfs(kubelet_dir) as kubelet_volume, running_agent(manifests, base / "fusevol") as agent:
+    with (
+        tmpfs(kubelet_dir) as kubelet_volume,
+        running_agent(manifests, base / "fusevol", *AGENT_ARGS) as agent,
+    ):
         kubelet_volume.chmod(0o777)
         kubelet_reference.write(kubelet_volume, payload(0))
         kubelet = Setup("tmpfs, kubelet layout", kubelet_volume)

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
 RSS_GROWTH_LIMIT_MIB = 2.0
@@ -158,7 +159,7 @@ def main() -> None:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
         (manifests / "objects.yaml").write_text(objects(0))
-        with running_agent(manifests, Path(tmp) / "root") as agent:
+        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
             deadline = time.monotonic() + args.minutes * 60
             points: list[Checkpoint] = []
             print(f"{'cycle':>5} {'s':>6} " + " ".join(f"{n:>8}" for n in names))

@@ -19,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench import AGENT_ARGS
 from tests.agent import running_agent, wait_for, write_atomically
 
 UID = "bbbbbbbb-0000-4000-8000-000000000001"
@@ -37,7 +38,7 @@ def measure(edits: int) -> list[float]:
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(CONFIGMAP.format(value="start"))
         (manifests / "pod.yaml").write_text(POD)
-        with running_agent(manifests, Path(tmp) / "root") as agent:
+        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
             key = agent.volume(UID, "configmap", "config") / "key"
             wait_for(lambda: key.read_text() == "start")
             latencies = []

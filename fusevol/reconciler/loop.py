@@ -142,6 +142,8 @@ class Reconciler:
 
     def serve_and_mount(self) -> None:
         for volume in self._desired.volumes_to_serve():
+            if self._executor.is_pending(volume.name):
+                continue  # its inputs are not even computed: a pass during a storm of set-ups
             mounted = self._actual.get(volume.name)
             if mounted is None or mounted.state is MountState.UNCERTAIN:
                 self._start(
@@ -155,7 +157,11 @@ class Reconciler:
     def refresh(self) -> None:
         for volume in self._desired.volumes_to_serve():
             mounted = self._actual.get(volume.name)
-            if mounted is None or mounted.state is MountState.UNCERTAIN:
+            if (
+                mounted is None
+                or mounted.state is MountState.UNCERTAIN
+                or self._executor.is_pending(volume.name)
+            ):
                 continue
             inputs = self._volumes.inputs(volume)
             if inputs != mounted.inputs:
