@@ -10,7 +10,6 @@ lazily instead.
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -47,6 +46,8 @@ class LinuxMountBackend:
         self._command_timeout_s = command_timeout_s
         self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
         self._mountinfo = mountinfo
+        self._parsed: dict[str, MountPoint] = {}
+        """The last table read, by line (`mount_points`)."""
 
     async def mount(
         self,
@@ -112,8 +113,14 @@ class LinuxMountBackend:
         raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
 
     def mount_points(self) -> tuple[MountPoint, ...]:
+        # The table is read before every mount: lines seen in the previous read are not parsed
+        # again (setting up N volumes would parse N tables of N lines), and only the current
+        # table's lines are kept.
         with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            return tuple(_parse_mountinfo_line(line) for line in f if line.strip())
+            lines = [line for line in f if line.strip()]
+        previous = self._parsed
+        self._parsed = {line: previous.get(line) or _parse_mountinfo_line(line) for line in lines}
+        return tuple(self._parsed.values())
 
     def is_mount_point(self, path: Path) -> bool:
         wanted = os.path.abspath(path)
@@ -191,10 +198,7 @@ def _unescape(field: str) -> str:
     return "".join(out)
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _parse_mountinfo_line(line: str) -> MountPoint:
-    """Cached (a pure function of the line): the table is read before every mount, and setting up
-    N volumes would otherwise parse N tables of N lines each."""
     fields = line.split()
     separator = fields.index("-", 6)
     return MountPoint(
