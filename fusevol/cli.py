@@ -19,10 +19,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
-from fusevol import __version__, log, status
+from fusevol import __version__, log
 from fusevol.errors import FusevolError
+from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import HttpSettings, Settings
 
 if TYPE_CHECKING:
@@ -80,6 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
+            if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
+                return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         return _status(args)
     except FusevolError as exc:
@@ -103,6 +104,8 @@ def _leaves(group: BaseExceptionGroup[FusevolError]) -> Iterator[BaseException]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import trio  # here: `fusevol run`'s launcher (fusevol.launcher) starts fast without it
+
     from fusevol.app import run_until_signalled
     from fusevol.projection.downward import node_allocatable
 
@@ -132,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
+    from fusevol import status
+
     try:
         snapshot = status.read(args.root)
     except FileNotFoundError:

@@ -37,22 +37,68 @@ def test_restart_after_kill_serves_again(manifests: Path, tmp_path: Path) -> Non
 def test_sigterm_hands_over_and_the_next_agent_stacks_on_the_old_binds(
     manifests: Path, tmp_path: Path
 ) -> None:
+    """SIGTERM: `fusevol run` exits at once, its agent serves on as a lame duck (its own mount
+    detached, the pod binds answering) until the next agent has stacked its binds on them."""
     root = tmp_path / "root"
     with running_agent(manifests, root) as first:
         volume = first.wait_mounted(first.volume(POD_UID, "configmap", "config"))
         secret = first.wait_mounted(first.volume(POD_UID, "secret", "creds"))
         first.hand_over()
-        # The pod volumes stay (dead now: their server is gone); the agent's own mount does not.
+        # The pod volumes stay, and still answer; the agent's own mountpoint is free.
         assert sorted(mounts_below(root)) == sorted([str(volume), str(secret)])
+        assert first.agent_alive()
+        assert (volume / "a").read_text() == "1"
+        assert len(os.listdir(secret)) == 3  # ..data, ..<version>, token
         with running_agent(manifests, root) as second:
-            wait_for(lambda: (volume / "a").read_text() == "1")
-            wait_for(lambda: len(os.listdir(secret)) == 3)  # ..data, ..<version>, token
-            # One new bind on each old one, and the new FUSE mount.
-            assert sorted(mounts_below(root)) == sorted(
+            # One new bind on each old one, and the new FUSE mount; then the lame duck exits.
+            expected = sorted(
                 [str(second.fuse_mountpoint()), *[str(volume)] * 2, *[str(secret)] * 2]
             )
+            wait_for(lambda: sorted(mounts_below(root)) == expected)
+            first.wait_agent_gone(5)
+            assert "lame duck done: the next agent has stacked its binds" in first.log_text()
+            assert (volume / "a").read_text() == "1"  # through the new bind, the old one dead
+            assert len(os.listdir(secret)) == 3
             second.stop()  # tears the whole stack down
         assert mounts_below(root) == []
+
+
+def test_reads_never_fail_through_a_hand_over(manifests: Path, tmp_path: Path) -> None:
+    """A reader in a mount namespace of its own whose copy of the pod volume is a slave (as a
+    container's rslave bind) reads in a loop through SIGTERM + start: not one read fails, before
+    the lame duck exits or after (through the second agent's bind)."""
+    root = tmp_path / "root"
+    reads = tmp_path / "reads"
+    with running_agent(manifests, root) as first:
+        first.wait_state(POD_UID, "config", "mounted")  # its bind made shared: propagation
+        volume = first.volume(POD_UID, "configmap", "config")
+        # `ls` always reaches the FUSE server (opendir); `cat` may be served from the caches.
+        loop = (
+            f"while :; do if cat {volume}/a >/dev/null && ls {volume} >/dev/null;"
+            f" then echo ok; else echo fail; fi; done >> {reads} 2>> {reads}.errors"
+        )
+        unshare = ["unshare", "--mount", "--propagation", "slave"]
+        reader = subprocess.Popen([*unshare, "sh", "-c", loop])
+        try:
+            wait_for(lambda: reads.exists() and reads.stat().st_size > 0)
+            first.hand_over()
+            with running_agent(manifests, root) as second:
+                first.wait_agent_gone(5)  # released: the second agent's binds are on top
+                released = reads.stat().st_size
+                wait_for(lambda: reads.stat().st_size > released + 60)  # 20 reads more
+                reader.kill()
+                reader.wait(timeout=10)
+                second.stop()
+        finally:
+            reader.kill()
+            reader.wait(timeout=10)
+    lines = reads.read_text().split()
+    after = reads.read_text()[released:].split()
+    failed = lines.count("fail")
+    assert failed == 0, (
+        f"{failed} failed reads of {len(lines)}: " + (tmp_path / "reads.errors").read_text()[:500]
+    )
+    assert len(after) >= 20
 
 
 def test_second_agent_on_the_same_root_is_refused(agent: AgentProcess) -> None:
