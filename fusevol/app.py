@@ -1,7 +1,8 @@
 """The composition root: builds every component, starts them in dependency order, stops cleanly.
 
 Start-up order (each `nursery.start` returns once the component is ready):
-    1. lock `<root>/fusevol/lock`, so two agents never share a root;
+    1. lock `<root>/fusevol/lock`, so two agents never share a root (a lame duck holds none), and
+       look for a lame duck to release once our binds are stacked;
     2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
        the pod volume directories on the node (reconstruct.py); load the PVs this node
        provisioned (source/provisioned.py);
@@ -9,15 +10,17 @@ Start-up order (each `nursery.start` returns once the component is ready):
     4. the executor and the status reporter;
     5. the source: returns after its complete initial read (the store is synced);
     6. the reconciler.
-Two kinds of stop:
+Two kinds of stop (`stop()`):
 - SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
-  operations in flight are cancelled and the agent's own FUSE mount goes, but every pod volume
-  stays mounted, as kubelet leaves running pods their volumes. The served ones turn dead when the
-  process exits; the next agent stacks fresh binds on them (reconstruct.py), which containers see
-  through propagation (README, "Restarts").
+  operations in flight are cancelled, but every pod volume stays mounted, as kubelet leaves
+  running pods their volumes. Launched by `fusevol run` (fusevol/launcher.py), the agent then
+  serves on as a lame duck until the next agent has stacked its binds (fusevol/handover.py), so
+  that no read fails; without a launcher its binds turn dead when it exits, and the next agent
+  stacks fresh ones on them (reconstruct.py), which containers see through propagation (README,
+  "Restarts").
 - SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
   FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
-  unmount waits on a dead server. `fusevol teardown` does the same after a handing-over stop.
+  unmount waits on a dead server.
 """
 
 from __future__ import annotations

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import os
+import socket
+import struct
 import subprocess
 import sys
 from typing import TYPE_CHECKING
+
+import pytest
 
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for
 from tests.fuse.conftest import POD_UID
@@ -136,3 +140,42 @@ def test_status_lists_pods_and_volumes(agent: AgentProcess) -> None:
     volume = agent.volume_status(POD_UID, "config")
     assert list(volume["objects"]) == ["configmap default/app"]  # type: ignore[call-overload]
     assert isinstance(volume["updated_at"], float)
+
+
+def test_systemd_hears_the_agent_and_never_the_lame_duck(manifests: Path, tmp_path: Path) -> None:
+    """Under systemd (NotifyAccess=all, a watchdog) the agent, the launcher's child, sends READY=1
+    and WATCHDOG=1; once it has handed over, nothing more comes from it, although it still runs:
+    a lame duck must not feed the next agent's watchdog."""
+    address = str(tmp_path / "notify")
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(address)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_PASSCRED, 1)
+        sock.settimeout(5)
+        env = {"NOTIFY_SOCKET": address, "WATCHDOG_USEC": "100000", "WATCHDOG_PID": "1"}
+        with running_agent(manifests, tmp_path / "root", env=env) as first:
+            heard = _messages_until(sock, b"READY=1")
+            assert {pid for pid, _ in heard} == {first.pid}  # not the launcher's
+            assert (first.pid, b"WATCHDOG=1") in _messages_until(sock, b"WATCHDOG=1")
+            first.hand_over()
+            assert (first.pid, b"STOPPING=1") in _messages_until(sock, b"STOPPING=1")
+            assert first.agent_alive()
+            sock.settimeout(0.5)  # five watchdog periods
+            with pytest.raises(TimeoutError):
+                _messages_until(sock, b"never")
+            assert first.agent_alive()
+
+
+def _messages_until(sock: socket.socket, last: bytes) -> list[tuple[int, bytes]]:
+    """(sender pid, message) of the datagrams received up to one equal to `last`."""
+    heard = []
+    size = socket.CMSG_SPACE(struct.calcsize("3i"))
+    while True:
+        message, ancillary, _, _ = sock.recvmsg(256, size)
+        pid = next(
+            struct.unpack("3i", data)[0]
+            for level, kind, data in ancillary
+            if (level, kind) == (socket.SOL_SOCKET, socket.SCM_CREDENTIALS)
+        )
+        heard.append((pid, message))
+        if message == last:
+            return heard
