@@ -20,7 +20,8 @@ Two kinds of stop (`stop()`):
   "Restarts").
 - SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
   FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
-  unmount waits on a dead server.
+  unmount waits on a dead server. `fusevol teardown` (`tear_down`) does the same after a
+  handing-over stop or a crash.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ STOP_TIMEOUT_S = 60.0
 """A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
 RELEASE_WAIT_S = 30.0
 """How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
+HANDING_OVER = "handing-over"
 LOCK_WAIT_S = 10.0
 """How long a new agent waits for a dying predecessor (killed, not yet gone) to release the lock."""
 
@@ -273,12 +275,16 @@ class Agent:
                 finally:
                     _sd_notify(b"STOPPING=1")
                     if self.handover:
+                        lock.mark_handing_over()
                         log.info("handing over: pod volumes stay mounted for the next agent")
                     else:
                         with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
                             await self.reconciler.unmount_all()
                             await unmount_all_below(self.backend, layout.pods_dir(root))
                             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+                        if predecessor is not None:  # its binds went with ours
+                            with trio.CancelScope(shield=True):
+                                await predecessor.release()
                     self._publisher_scope.cancel()
                     if self.handover and self._launcher is not None:
                         with self._lame_duck:
@@ -396,13 +402,33 @@ async def _stop_on_signals(agent: Agent, signals: AsyncIterator[int]) -> None:
         agent.stop(handover=handover)
 
 
+async def tear_down(root: Path, *, command_timeout_s: float) -> int:
+    """`fusevol teardown`: what SIGINT's stop does last, for a root no agent runs on (after a
+    handing-over stop, or a crash): unmount every pod volume (a lame duck's, live, or dead ones),
+    remove the pod directories, detach a dead FUSE mount, and let a lame duck go. Refused while
+    an agent runs. Returns the number of mounts removed."""
+    backend = LinuxMountBackend(command_timeout_s=command_timeout_s)
+    lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", backend, root)
+    try:
+        predecessor = await find_predecessor(layout.handover_socket(root))
+        removed = await unmount_all_below(backend, layout.pods_dir(root))
+        await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+        removed += await detach_dead_fuse_mounts(backend, root)
+        if predecessor is not None:  # its binds are gone: nothing left to serve
+            await predecessor.release()
+        return removed
+    finally:
+        lock.release()
+
+
 class _AgentLock:
     """An exclusive lock on `<root>/fusevol/lock` (our pid written in it): exactly one agent
     reconciles a root at a time. A lame duck has released it (fusevol.handover).
 
     A predecessor that was killed may still hold it for a moment while it dies; one stuck on a
     request to its own FUSE mount would hold it forever, so its connection is aborted (which
-    frees it) and the lock waited for, up to LOCK_WAIT_S. A live agent is refused at once."""
+    frees it) and the lock waited for, up to LOCK_WAIT_S, as it is for an agent that is handing
+    over (`mark_handing_over`). A live agent is refused at once."""
 
     def __init__(self, fd: int) -> None:
         self._fd: int | None = fd
@@ -418,14 +444,16 @@ class _AgentLock:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                     break
                 except BlockingIOError:
-                    holder = _read_pid(fd)
-                    if not _is_dying(holder) or time.monotonic() > deadline:
+                    holder, handing_over = _read_holder(fd)
+                    waiting = handing_over or _is_dying(holder)
+                    if not waiting or time.monotonic() > deadline:
                         raise AgentAlreadyRunning(
                             f"another fusevol agent is using {path}"
                             + (f" (pid {holder})" if holder else "")
                         ) from None
-                    log.info("waiting for the previous agent to exit pid=%s", holder)
-                    await backend.unmount(layout.fuse_mountpoint(root), force=True)
+                    log.info("waiting for the previous agent to let go pid=%s", holder)
+                    if not handing_over:  # killed: free it if it is stuck on its own mount
+                        await backend.unmount(layout.fuse_mountpoint(root), force=True)
                     await trio.sleep(0.05)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
@@ -434,6 +462,12 @@ class _AgentLock:
             raise
         return cls(fd)
 
+    def mark_handing_over(self) -> None:
+        """Say in the lock file that we are letting go: a successor started meanwhile waits for
+        the lock instead of being refused."""
+        if self._fd is not None:
+            os.pwrite(self._fd, f"{os.getpid()} {HANDING_OVER}\n".encode(), 0)
+
     def release(self) -> None:
         """Release the lock (idempotent)."""
         if self._fd is not None:
@@ -441,9 +475,10 @@ class _AgentLock:
             self._fd = None
 
 
-def _read_pid(fd: int) -> int | None:
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return int(text) if text.isdigit() else None
+def _read_holder(fd: int) -> tuple[int | None, bool]:
+    """(the lock holder's pid, whether it is handing over) from the lock file."""
+    pid, _, state = os.pread(fd, 64, 0).decode(errors="replace").strip().partition(" ")
+    return (int(pid) if pid.isdigit() else None), state == HANDING_OVER
 
 
 def _is_dying(pid: int | None) -> bool:

@@ -2,6 +2,7 @@
 
     fusevol run [--manifests DIR] [--root DIR] [--node-name NAME] [--log-level LEVEL]
     fusevol status [--root DIR] [--json]
+    fusevol teardown [--root DIR]
 
 Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
 dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins.
@@ -11,6 +12,7 @@ Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -69,6 +71,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
 
+    teardown = commands.add_parser(
+        "teardown",
+        help="unmount every pod volume and remove the pod directories, after a handing-over "
+        "stop (refused while an agent runs)",
+    )
+    teardown.add_argument(
+        "--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root"
+    )
+
     show = commands.add_parser("status", help="show pods, volumes, state and last error")
     show.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
     show.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
@@ -82,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
                 return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
+        if args.command == "teardown":
+            return _teardown(args)
         return _status(args)
     except FusevolError as exc:
         print(f"fusevol: {exc}", file=sys.stderr)
@@ -131,6 +144,24 @@ def _run(args: argparse.Namespace) -> int:
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")
+    return 0
+
+
+def _teardown(args: argparse.Namespace) -> int:
+    import trio
+
+    from fusevol.app import tear_down
+    from fusevol.settings import MountSettings
+
+    log.setup("info")
+    removed = trio.run(
+        functools.partial(
+            tear_down,
+            args.root.absolute(),
+            command_timeout_s=MountSettings().command_timeout_s,
+        )
+    )
+    print(f"fusevol: {removed} mounts removed below {args.root}")
     return 0
 
 

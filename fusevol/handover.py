@@ -84,7 +84,10 @@ class Predecessor:
         self._sock = sock
 
     async def release(self) -> None:
-        """Tell the lame duck our binds are stacked on its: it may exit."""
+        """Tell the lame duck our binds are stacked on its (or that its are gone): it may exit.
+        Idempotent."""
+        if self._sock.fileno() == -1:
+            return
         with self._sock, contextlib.suppress(OSError):
             await self._sock.send(STACKED)
 

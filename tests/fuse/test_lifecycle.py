@@ -105,6 +105,40 @@ def test_reads_never_fail_through_a_hand_over(manifests: Path, tmp_path: Path) -
     assert len(after) >= 20
 
 
+def _teardown(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "fusevol", "teardown", "--root", str(root)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+
+
+def test_teardown_after_a_hand_over_and_after_a_crash(manifests: Path, tmp_path: Path) -> None:
+    """`fusevol teardown` does what SIGINT's stop does, on a root no agent runs on: after a
+    hand-over (the lame duck's binds, live; the lame duck exits) and after a crash (dead binds,
+    a dead FUSE mount)."""
+    root = tmp_path / "root"
+    for stop in ("hand_over", "kill"):
+        with running_agent(manifests, root) as agent:
+            agent.wait_state(POD_UID, "config", "mounted")
+            agent.wait_state(POD_UID, "creds", "mounted")
+            getattr(agent, stop)()
+            assert mounts_below(root)
+            result = _teardown(root)
+            assert result.returncode == 0, result.stderr
+            assert mounts_below(root) == [], stop
+            assert not (root / "pods" / POD_UID).exists()
+            agent.wait_agent_gone(5)  # a lame duck is let go
+
+
+def test_teardown_is_refused_while_an_agent_runs(agent: AgentProcess) -> None:
+    result = _teardown(agent.root)
+    assert result.returncode == 1
+    assert "another fusevol agent is using" in result.stderr
+    assert (agent.volume(POD_UID, "configmap", "config") / "a").read_text() == "1"
+
+
 def test_second_agent_on_the_same_root_is_refused(agent: AgentProcess) -> None:
     result = subprocess.run(
         [
