@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
+import pty
 import socket
 import struct
 import subprocess
 import sys
+import termios
 from typing import TYPE_CHECKING
 
 import pytest
@@ -213,3 +216,41 @@ def _messages_until(sock: socket.socket, last: bytes) -> list[tuple[int, bytes]]
         heard.append((pid, message))
         if message == last:
             return heard
+
+
+def test_ctrl_c_on_a_terminal_tears_down_once(manifests: Path, tmp_path: Path) -> None:
+    """The demo's Ctrl-C: the terminal sends SIGINT to its foreground process group, the
+    launcher's, which forwards it to the agent (its child, in a group of its own); the agent
+    tears everything down and `fusevol run` exits 0."""
+    root = tmp_path / "root"
+    log_path = tmp_path / "agent.log"
+    master, slave = pty.openpty()
+
+    def controlling_terminal() -> None:
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    argv = [sys.executable, "-m", "fusevol", "run", "--manifests", str(manifests)]
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [*argv, "--root", str(root), "--node-name", "test-node", "--http-port", "-1"],
+            stdin=slave,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=controlling_terminal,
+        )
+    os.close(slave)
+    try:
+        volume = root / "pods" / POD_UID / "volumes" / "kubernetes.io~configmap" / "config"
+        wait_for(lambda: (volume / "a").read_text() == "1", timeout_s=20)
+        os.write(master, b"\x03")  # Ctrl-C
+        assert process.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        if process.poll() is None:
+            process.kill()
+        os.close(master)
+    text = log_path.read_text()
+    assert text.count("stopping on SIGINT: tear down") == 1, text
+    assert "SIGINT: no more waiting" not in text  # not a second SIGINT
+    assert mounts_below(root) == []
+    assert not (root / "pods" / POD_UID).exists()
