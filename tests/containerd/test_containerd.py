@@ -184,71 +184,77 @@ def test_running_container_reads_through_agent_restarts(
     through the upgrade (the stopped agent serves as a lame duck until the next one has stacked
     its binds) and reads recover within 1 s of a crash; a container whose bind is rprivate keeps
     failing once the agent that served it is gone (README)."""
-    out, private_out = tmp_path / "out", tmp_path / "private-out"
-    out.mkdir()
-    private_out.mkdir()
-    reader = containerd.run(
-        "reader",
-        rootfs,
-        *_volume_mounts(agent, out),
-        command=("sh", "-c", READ_LOOP.format(pause_us=2000)),
-    )
-    private = containerd.run(
-        "private",
-        rootfs,
-        *_volume_mounts(agent, private_out, "rprivate"),
-        command=("sh", "-c", READ_LOOP.format(pause_us=20000)),
-    )
-    clock, private_clock = LineClock(out / "reads"), LineClock(private_out / "reads")
-    figures = []
+    agents = [agent]  # every generation: a failure must not leave one running
     try:
-        clock.wait_for("ok", after=0)
-        private_clock.wait_for("ok", after=0)
-        for generation, (kind, stop) in enumerate(
-            [
-                ("upgrade (SIGTERM, start)", AgentProcess.hand_over),
-                ("crash (kill -9, start)", AgentProcess.kill),
-            ],
-            start=1,
-        ):
-            since = time.monotonic()
-            previous = agent
-            stop(previous)
-            restarted = time.monotonic()  # the new `fusevol run` starts now
-            agent = _start(agent.manifests, agent.root, generation)
-            ready = time.monotonic()
-            previous.wait_agent_gone(5)  # after an upgrade: the lame duck, released
-            gone = time.monotonic()
-            # Reads work within 1 s of the new agent being ready, and go on working.
-            settled = clock.wait_for("ok", after=max(ready, gone), timeout_s=1.0)
-            wait_for(lambda s=settled: _tail_all_ok(clock, s + 0.05))  # type: ignore[misc]
-            failed, first_failure, recovered = _failures(clock, since)
-            figures.append(
-                f"{kind}: {failed} failed reads"
-                + (
-                    f", recovered {(recovered - restarted) * 1000:.0f} ms after the restart"
-                    f" ({(recovered - first_failure) * 1000:.0f} ms after the first failure)"
-                    if failed
-                    else ""
+        out, private_out = tmp_path / "out", tmp_path / "private-out"
+        out.mkdir()
+        private_out.mkdir()
+        reader = containerd.run(
+            "reader",
+            rootfs,
+            *_volume_mounts(agent, out),
+            command=("sh", "-c", READ_LOOP.format(pause_us=2000)),
+        )
+        private = containerd.run(
+            "private",
+            rootfs,
+            *_volume_mounts(agent, private_out, "rprivate"),
+            command=("sh", "-c", READ_LOOP.format(pause_us=20000)),
+        )
+        clock, private_clock = LineClock(out / "reads"), LineClock(private_out / "reads")
+        figures = []
+        try:
+            clock.wait_for("ok", after=0)
+            private_clock.wait_for("ok", after=0)
+            for generation, (kind, stop) in enumerate(
+                [
+                    ("upgrade (SIGTERM, start)", AgentProcess.hand_over),
+                    ("crash (kill -9, start)", AgentProcess.kill),
+                ],
+                start=1,
+            ):
+                since = time.monotonic()
+                previous = agent
+                stop(previous)
+                restarted = time.monotonic()  # the new `fusevol run` starts now
+                agent = _start(agent.manifests, agent.root, generation)
+                agents.append(agent)
+                ready = time.monotonic()
+                previous.wait_agent_gone(5)  # after an upgrade: the lame duck, released
+                gone = time.monotonic()
+                # Reads work within 1 s of the new agent being ready, and go on working.
+                settled = clock.wait_for("ok", after=max(ready, gone), timeout_s=1.0)
+                wait_for(lambda s=settled: _tail_all_ok(clock, s + 0.05))  # type: ignore[misc]
+                failed, first_failure, recovered = _failures(clock, since)
+                figures.append(
+                    f"{kind}: {failed} failed reads"
+                    + (
+                        f", recovered {(recovered - restarted) * 1000:.0f} ms after the restart"
+                        f" ({(recovered - first_failure) * 1000:.0f} ms after the first failure)"
+                        if failed
+                        else ""
+                    )
+                    + f"; new agent set up {(ready - restarted) * 1000:.0f} ms after its start"
                 )
-                + f"; new agent ready and set up {(ready - restarted) * 1000:.0f} ms after start"
-            )
-            if stop is AgentProcess.hand_over:
-                assert failed == 0, figures[-1]  # the lame duck served until our binds were up
-            else:
-                assert recovered - restarted < 1.0, figures[-1]
-        # Without propagation the container keeps the dead mount.
-        time.sleep(0.2)
-        assert [line for _, line in private_clock.lines[-10:]] == ["fail"] * 10
+                if stop is AgentProcess.hand_over:
+                    assert failed == 0, figures[-1]  # the lame duck served until our binds were up
+                else:
+                    assert recovered - restarted < 1.0, figures[-1]
+            # Without propagation the container keeps the dead mount.
+            time.sleep(0.2)
+            assert [line for _, line in private_clock.lines[-10:]] == ["fail"] * 10
+        finally:
+            clock.close()
+            private_clock.close()
+            containerd.remove(reader)
+            containerd.remove(private)
+        for line in figures:
+            report(line)
+        agent.stop()  # tears down the stacks of binds too
+        assert mounts_below(agent.root) == []
     finally:
-        clock.close()
-        private_clock.close()
-        containerd.remove(reader)
-        containerd.remove(private)
-    for line in figures:
-        report(line)
-    agent.stop()  # tears down the stacks of binds too
-    assert mounts_below(agent.root) == []
+        for each in agents:
+            force_stop(each)
 
 
 def _tail_all_ok(clock: LineClock, since: float) -> bool:
