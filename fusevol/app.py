@@ -1,7 +1,8 @@
 """The composition root: builds every component, starts them in dependency order, stops cleanly.
 
 Start-up order (each `nursery.start` returns once the component is ready):
-    1. lock `<root>/fusevol/lock`, so two agents never share a root;
+    1. lock `<root>/fusevol/lock`, so two agents never share a root (a lame duck holds none), and
+       look for a lame duck to release once our binds are stacked;
     2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
        the pod volume directories on the node (reconstruct.py); load the PVs this node
        provisioned (source/provisioned.py);
@@ -10,21 +11,23 @@ Start-up order (each `nursery.start` returns once the component is ready):
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
        initial read (the store is synced);
     6. the reconciler.
-Two kinds of stop:
+Two kinds of stop (`stop()`):
 - SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
-  operations in flight are cancelled and the agent's own FUSE mount goes, but every pod volume
-  stays mounted, as kubelet leaves running pods their volumes. The served ones turn dead when the
-  process exits; the next agent stacks fresh binds on them (reconstruct.py), which containers see
-  through propagation (README, "Restarts").
+  operations in flight are cancelled, but every pod volume stays mounted, as kubelet leaves
+  running pods their volumes. Launched by `fusevol run` (fusevol/launcher.py), the agent then
+  serves on as a lame duck until the next agent has stacked its binds (fusevol/handover.py), so
+  that no read fails; without a launcher its binds turn dead when it exits, and the next agent
+  stacks fresh ones on them (reconstruct.py), which containers see through propagation (README,
+  "Restarts").
 - SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
   FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
-  unmount waits on a dead server. `fusevol teardown` does the same after a handing-over stop.
+  unmount waits on a dead server. `fusevol teardown` (`tear_down`) does the same after a
+  handing-over stop or a crash.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import dataclasses
 import fcntl
 import logging
@@ -37,7 +40,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from fusevol import layout
-from fusevol.cache.actual import ActualState
+from fusevol.cache.actual import ActualState, MountedVolume, MountState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
@@ -45,6 +48,8 @@ from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import serve
 from fusevol.fuse.tree import Tree
+from fusevol.handover import Predecessor, find_predecessor, serve_as_lame_duck
+from fusevol.launcher import Launcher
 from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
@@ -77,6 +82,9 @@ log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
 """A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
+RELEASE_WAIT_S = 30.0
+"""How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
+HANDING_OVER = "handing-over"
 LOCK_WAIT_S = 10.0
 """How long a new agent waits for a dying predecessor (killed, not yet gone) to release the lock."""
 
@@ -88,7 +96,9 @@ class AgentAlreadyRunning(FusevolError):
 class Agent:
     """Every long-lived component, wired together. `run()` serves until cancelled."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, launcher: Launcher | None = None) -> None:
+        """`launcher`: the link to `fusevol run`'s launcher process, if this agent has one; only
+        then does a handing-over stop keep serving as a lame duck (fusevol.handover)."""
         self.settings = settings
         root = settings.root
         self.backend = LinuxMountBackend(command_timeout_s=settings.mount.command_timeout_s)
@@ -180,7 +190,13 @@ class Agent:
         )
         self._fuse_up = False
         self.handover = False
-        """Set before cancelling `run()`: leave the pod volumes mounted for the next agent."""
+        """Set by `stop()`: leave the pod volumes mounted for the next agent."""
+        self._launcher = launcher
+        self._active = trio.CancelScope()
+        self._publisher_scope = trio.CancelScope()
+        self._lame_duck = trio.CancelScope(shield=True)
+        self._detached = False
+        """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -249,9 +265,12 @@ class Agent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root
-        async with _locked(layout.agent_dir(root) / "lock", self.backend, root):  # (1)
+        lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", self.backend, root)  # (1)
+        try:
+            predecessor = await find_predecessor(layout.handover_socket(root))
             await detach_dead_fuse_mounts(self.backend, root)  # (2)
-            for volume in reconstruct(root):
+            found = reconstruct(root)
+            for volume in found:
                 self.actual.mark_mounted(volume)
             self.recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
@@ -261,30 +280,104 @@ class Agent:
             fuse_scope = trio.CancelScope(shield=True)
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
-                await fuse_nursery.start(self.publisher.run)
+                await fuse_nursery.start(self._run_publisher)
                 try:
-                    async with trio.open_nursery() as nursery:
-                        await nursery.start(self.executor.run)  # (4)
-                        await nursery.start(self.status.run)
-                        if self.settings.http.port >= 0:
-                            await nursery.start(self.http.run)
-                        nursery.start_soon(_watchdog)
-                        await nursery.start(self.source.run)  # (5)
-                        await nursery.start(self.reconciler.run)  # (6)
-                        log.info("ready root=%s node=%s", root, self.settings.node_name)
-                        _sd_notify(b"READY=1")
-                        task_status.started()
+                    with self._active:
+                        async with trio.open_nursery() as nursery:
+                            await nursery.start(self.executor.run)  # (4)
+                            await nursery.start(self.status.run)
+                            if self.settings.http.port >= 0:
+                                await nursery.start(self.http.run)
+                            nursery.start_soon(_watchdog)
+                            await nursery.start(self.source.run)  # (5)
+                            await nursery.start(self.reconciler.run)  # (6)
+                            if predecessor is not None:
+                                nursery.start_soon(self._release, predecessor, found)
+                            log.info("ready root=%s node=%s", root, self.settings.node_name)
+                            _sd_notify(b"READY=1")
+                            task_status.started()
                 finally:
                     _sd_notify(b"STOPPING=1")
                     if self.handover:
+                        lock.mark_handing_over()
                         log.info("handing over: pod volumes stay mounted for the next agent")
                     else:
                         with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
                             await self.reconciler.unmount_all()
                             await unmount_all_below(self.backend, layout.pods_dir(root))
                             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+                        if predecessor is not None:  # its binds went with ours
+                            with trio.CancelScope(shield=True):
+                                await predecessor.release()
+                    self._publisher_scope.cancel()
+                    if self.handover and self._launcher is not None:
+                        with self._lame_duck:
+                            await self._serve_as_lame_duck(lock)
                     fuse_scope.cancel()
                     fuse_nursery.cancel_scope.cancel()
+        finally:
+            lock.release()
+            if self._launcher is not None:
+                self._launcher.close()
+
+    def stop(self, *, handover: bool) -> None:
+        """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
+        serving them as a lame duck until the next agent has stacked its binds)."""
+        self.handover = handover
+        self._active.cancel()
+
+    def end_lame_duck(self) -> None:
+        """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""
+        self._lame_duck.cancel()
+
+    async def _run_publisher(self, *, task_status: trio.TaskStatus[None]) -> None:
+        with self._publisher_scope:
+            await self.publisher.run(task_status=task_status)
+
+    async def _serve_as_lame_duck(self, lock: _AgentLock) -> None:
+        """fusevol.handover: keep answering FUSE for the pod binds until the next agent has
+        stacked its own. Our mountpoint is detached lazily (no abort: the pod binds keep the
+        connection), so the successor mounts afresh at the same place."""
+        assert self._launcher is not None
+        mountpoint = layout.fuse_mountpoint(self.settings.root)
+        async with trio.open_nursery() as nursery:
+            outcome: list[bool] = []
+
+            async def listen(*, task_status: trio.TaskStatus[None]) -> None:
+                path = layout.handover_socket(self.settings.root)
+                outcome.append(await serve_as_lame_duck(path, task_status=task_status))
+
+            await nursery.start(listen)
+            await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)
+            self._detached = True
+            lock.release()
+            self._launcher.detach()
+            log.info("lame duck: serving pod volumes until the next agent has stacked its binds")
+        log.info(
+            "lame duck done: %s",
+            "the next agent has stacked its binds" if outcome == [True] else "no successor",
+        )
+
+    async def _release(self, predecessor: Predecessor, found: list[MountedVolume]) -> None:
+        """Tell the lame duck we hold every volume we found on the node (set up again, or torn
+        down), or that we gave up waiting: it may exit."""
+        names = [volume.name for volume in found]
+
+        def uncertain() -> int:
+            return sum(
+                1
+                for name in names
+                if (volume := self.actual.get(name)) is not None
+                and volume.state is MountState.UNCERTAIN
+            )
+
+        with trio.move_on_after(RELEASE_WAIT_S):
+            while uncertain():  # noqa: ASYNC110 - set-ups mark no event; a 10 ms poll is cheap
+                await trio.sleep(0.01)
+        if uncertain():
+            log.warning("releasing the previous agent with %d volumes not set up", uncertain())
+        await predecessor.release()
+        log.info("previous agent released: our binds are stacked on its")
 
     async def _serve_fuse(
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
@@ -297,6 +390,7 @@ class Agent:
                     self.operations,
                     mountpoint,
                     max_tasks=self.settings.fuse.max_tasks,
+                    unmount=lambda: not self._detached,
                     task_status=task_status,
                 )
             finally:
@@ -304,57 +398,111 @@ class Agent:
 
 
 async def run_until_signalled(settings: Settings) -> None:
-    """Run the agent until SIGTERM (then hand over) or SIGINT (then tear down)."""
-    agent = Agent(settings)
+    """Run the agent until SIGTERM (then hand over) or SIGINT (then tear down); a SIGINT to a
+    lame duck ends it at once."""
+    agent = Agent(settings, launcher=Launcher.from_environment())
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
-            await nursery.start(agent.run)
-            async for signum in signals:
-                agent.handover = signum == signal.SIGTERM
-                log.info(
-                    "stopping on %s: %s",
-                    signal.Signals(signum).name,
-                    "hand over" if agent.handover else "tear down",
-                )
-                nursery.cancel_scope.cancel()
-                break
+            nursery.start_soon(_stop_on_signals, agent, signals)
+            await agent.run()
+            nursery.cancel_scope.cancel()
 
 
-@contextlib.asynccontextmanager
-async def _locked(path: Path, backend: LinuxMountBackend, root: Path) -> AsyncIterator[None]:
-    """Hold an exclusive lock on `path` (created if needed, our pid written in it) for the block.
+async def _stop_on_signals(agent: Agent, signals: AsyncIterator[int]) -> None:
+    stopping = False
+    async for signum in signals:
+        if stopping:
+            if signum == signal.SIGINT:
+                log.info("SIGINT: no more waiting for a successor")
+                agent.end_lame_duck()
+            continue
+        stopping = True
+        handover = signum == signal.SIGTERM
+        log.info(
+            "stopping on %s: %s",
+            signal.Signals(signum).name,
+            "hand over" if handover else "tear down",
+        )
+        agent.stop(handover=handover)
+
+
+async def tear_down(root: Path, *, command_timeout_s: float) -> int:
+    """`fusevol teardown`: what SIGINT's stop does last, for a root no agent runs on (after a
+    handing-over stop, or a crash): unmount every pod volume (a lame duck's, live, or dead ones),
+    remove the pod directories, detach a dead FUSE mount, and let a lame duck go. Refused while
+    an agent runs. Returns the number of mounts removed."""
+    backend = LinuxMountBackend(command_timeout_s=command_timeout_s)
+    lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", backend, root)
+    try:
+        predecessor = await find_predecessor(layout.handover_socket(root))
+        removed = await unmount_all_below(backend, layout.pods_dir(root))
+        await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+        removed += await detach_dead_fuse_mounts(backend, root)
+        if predecessor is not None:  # its binds are gone: nothing left to serve
+            await predecessor.release()
+        return removed
+    finally:
+        lock.release()
+
+
+class _AgentLock:
+    """An exclusive lock on `<root>/fusevol/lock` (our pid written in it): exactly one agent
+    reconciles a root at a time. A lame duck has released it (fusevol.handover).
 
     A predecessor that was killed may still hold it for a moment while it dies; one stuck on a
     request to its own FUSE mount would hold it forever, so its connection is aborted (which
-    frees it) and the lock waited for, up to LOCK_WAIT_S. A live agent is refused at once."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-    try:
-        deadline = time.monotonic() + LOCK_WAIT_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = _read_pid(fd)
-                if not _is_dying(holder) or time.monotonic() > deadline:
-                    raise AgentAlreadyRunning(
-                        f"another fusevol agent is using {path}"
-                        + (f" (pid {holder})" if holder else "")
-                    ) from None
-                log.info("waiting for the previous agent to exit pid=%s", holder)
-                await backend.unmount(layout.fuse_mountpoint(root), force=True)
-                await trio.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        yield
-    finally:
-        os.close(fd)
+    frees it) and the lock waited for, up to LOCK_WAIT_S, as it is for an agent that is handing
+    over (`mark_handing_over`). A live agent is refused at once."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd: int | None = fd
+
+    @classmethod
+    async def acquire(cls, path: Path, backend: LinuxMountBackend, root: Path) -> _AgentLock:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            deadline = time.monotonic() + LOCK_WAIT_S
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    holder, handing_over = _read_holder(fd)
+                    waiting = handing_over or _is_dying(holder)
+                    if not waiting or time.monotonic() > deadline:
+                        raise AgentAlreadyRunning(
+                            f"another fusevol agent is using {path}"
+                            + (f" (pid {holder})" if holder else "")
+                        ) from None
+                    log.info("waiting for the previous agent to let go pid=%s", holder)
+                    if not handing_over:  # killed: free it if it is stuck on its own mount
+                        await backend.unmount(layout.fuse_mountpoint(root), force=True)
+                    await trio.sleep(0.05)
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        return cls(fd)
+
+    def mark_handing_over(self) -> None:
+        """Say in the lock file that we are letting go: a successor started meanwhile waits for
+        the lock instead of being refused."""
+        if self._fd is not None:
+            os.pwrite(self._fd, f"{os.getpid()} {HANDING_OVER}\n".encode(), 0)
+
+    def release(self) -> None:
+        """Release the lock (idempotent)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
-def _read_pid(fd: int) -> int | None:
-    text = os.pread(fd, 32, 0).decode(errors="replace").strip()
-    return int(text) if text.isdigit() else None
+def _read_holder(fd: int) -> tuple[int | None, bool]:
+    """(the lock holder's pid, whether it is handing over) from the lock file."""
+    pid, _, state = os.pread(fd, 64, 0).decode(errors="replace").strip().partition(" ")
+    return (int(pid) if pid.isdigit() else None), state == HANDING_OVER
 
 
 def _is_dying(pid: int | None) -> bool:

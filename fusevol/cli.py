@@ -3,6 +3,7 @@
     fusevol run [--manifests DIR | --kubeconfig PATH | --source kubernetes]
                 [--change-detection Watch|Cache|Get] [--root DIR] [--node-name NAME] ...
     fusevol status [--root DIR] [--json]
+    fusevol teardown [--root DIR]
 
 The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
 source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
@@ -16,6 +17,7 @@ Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -24,10 +26,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import trio
-
-from fusevol import __version__, log, status
+from fusevol import __version__, log
 from fusevol.errors import FusevolError
+from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
 
 if TYPE_CHECKING:
@@ -107,6 +108,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
 
+    teardown = commands.add_parser(
+        "teardown",
+        help="unmount every pod volume and remove the pod directories, after a handing-over "
+        "stop (refused while an agent runs)",
+    )
+    teardown.add_argument(
+        "--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root"
+    )
+
     show = commands.add_parser("status", help="show pods, volumes, state and last error")
     show.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
     show.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
@@ -117,7 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
+            if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
+                return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
+        if args.command == "teardown":
+            return _teardown(args)
         return _status(args)
     except FusevolError as exc:
         print(f"fusevol: {exc}", file=sys.stderr)
@@ -140,6 +154,8 @@ def _leaves(group: BaseExceptionGroup[FusevolError]) -> Iterator[BaseException]:
 
 
 def _run(args: argparse.Namespace) -> int:
+    import trio  # here: `fusevol run`'s launcher (fusevol.launcher) starts fast without it
+
     from fusevol.app import run_until_signalled
     from fusevol.projection.downward import node_allocatable
 
@@ -204,7 +220,27 @@ def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
     )
 
 
+def _teardown(args: argparse.Namespace) -> int:
+    import trio
+
+    from fusevol.app import tear_down
+    from fusevol.settings import MountSettings
+
+    log.setup("info")
+    removed = trio.run(
+        functools.partial(
+            tear_down,
+            args.root.absolute(),
+            command_timeout_s=MountSettings().command_timeout_s,
+        )
+    )
+    print(f"fusevol: {removed} mounts removed below {args.root}")
+    return 0
+
+
 def _status(args: argparse.Namespace) -> int:
+    from fusevol import status
+
     try:
         snapshot = status.read(args.root)
     except FileNotFoundError:

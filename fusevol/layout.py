@@ -130,6 +130,11 @@ def fuse_mountpoint(root: Path) -> Path:
     return agent_dir(root) / "mnt"
 
 
+def handover_socket(root: Path) -> Path:
+    """Where a stopping agent that still serves waits for its successor (`fusevol.handover`)."""
+    return agent_dir(root) / "handover.sock"
+
+
 def status_file(root: Path) -> Path:
     return agent_dir(root) / "status.json"
 

@@ -4,7 +4,12 @@
 `manifests=None`, on the source its `extra_args` name) and a private root, waits
 until it is ready, and on `stop()` sends SIGINT (the tearing-down stop) and checks that it exited 0
 and left no mount below its root; `hand_over()` sends SIGTERM (the stop that leaves the pod
-volumes mounted for the next agent). The log goes to a file the tests can read (`log_text()`).
+volumes mounted, and served by a lame duck, until the next agent has stacked its binds). The log
+goes to a file the tests can read (`log_text()`).
+
+`process` is `fusevol run`'s main process, the launcher (fusevol/launcher.py), which signals and
+exit statuses concern; `pid` is the agent proper, its child, which serves FUSE and may outlive it
+as a lame duck. `kill()` is a crash: SIGKILL of the launcher, which takes the agent with it.
 """
 
 from __future__ import annotations
@@ -74,6 +79,8 @@ class AgentProcess:
         self._extra_args = extra_args
         self._env = None if env is None else {**os.environ, **env}
         self.process: subprocess.Popen[bytes] | None = None
+        self.pid = 0
+        """The agent proper (the launcher's child): known once `start()` returns."""
 
     def start(self) -> AgentProcess:
         argv = [
@@ -103,7 +110,22 @@ class AgentProcess:
             lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=20
         )
         wait_for(layout.status_file(self.root).exists)
+        launcher = self.process.pid
+        with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+            self.pid = int(f.read().split()[0])
         return self
+
+    def agent_alive(self) -> bool:
+        """True while the agent proper runs (a zombie counts as gone)."""
+        return pid_alive(self.pid)
+
+    def wait_agent_gone(self, timeout_s: float) -> None:
+        """Wait until the agent proper has exited; subprocess.TimeoutExpired if it has not."""
+        deadline = time.monotonic() + timeout_s
+        while self.agent_alive():
+            if time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"fusevol agent pid {self.pid}", timeout_s)
+            time.sleep(0.005)
 
     def _exited_early(self) -> bool:
         assert self.process is not None
@@ -128,7 +150,8 @@ class AgentProcess:
         return code
 
     def hand_over(self) -> int:
-        """SIGTERM: the agent exits 0 and leaves every pod volume mounted."""
+        """SIGTERM: `fusevol run` exits 0 and leaves every pod volume mounted; the agent proper
+        serves them on as a lame duck until the next agent releases it (fusevol/handover.py)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=60)
@@ -136,9 +159,11 @@ class AgentProcess:
         return code
 
     def kill(self) -> None:
+        """kill -9 of `fusevol run`: the agent proper dies with it (a crash)."""
         assert self.process is not None
         self.process.kill()
         self.process.wait(timeout=10)
+        self.wait_agent_gone(10)
 
     def volume(self, uid: str, plugin: str, name: str) -> Path:
         """A pod volume directory: `plugin` is `configmap` or `secret`."""
@@ -217,8 +242,20 @@ def running_agent(
     finally:
         if agent.process is not None and agent.process.poll() is None:
             agent.stop(check_clean=False)
+        if agent.pid and agent.agent_alive():  # a lame duck nobody released
+            os.kill(agent.pid, signal.SIGKILL)
+            agent.wait_agent_gone(10)
         for path in reversed(mounts_below(root)):
             subprocess.run(["umount", "-l", path], check=False)
+
+
+def pid_alive(pid: int) -> bool:
+    """True if process `pid` exists and is not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (FileNotFoundError, ProcessLookupError):
+        return False
 
 
 def write_atomically(path: Path, text: str) -> None:

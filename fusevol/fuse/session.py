@@ -21,6 +21,7 @@ import trio
 from fusevol.layout import FUSE_SUBTYPE
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -38,9 +39,12 @@ async def serve(
     mountpoint: Path,
     *,
     max_tasks: int,
+    unmount: Callable[[], bool] = lambda: True,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Mount at `mountpoint`, report started, answer requests until cancelled, then unmount."""
+    """Mount at `mountpoint`, report started, answer requests until cancelled, then unmount
+    unless `unmount()` says no (a lame duck's mountpoint is the next agent's: fusevol.handover);
+    closing the session aborts the connection either way."""
     options = {f"fsname={FSNAME}", f"subtype={FUSE_SUBTYPE}", "allow_other", "default_permissions"}
     pyfuse3.init(operations, str(mountpoint), options)
     log.info(
@@ -53,5 +57,6 @@ async def serve(
         task_status.started()
         await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
     finally:
-        pyfuse3.close(unmount=True)
-        log.info("FUSE unmounted mountpoint=%s", mountpoint)
+        detach = unmount()
+        pyfuse3.close(unmount=detach)
+        log.info("FUSE %s mountpoint=%s", "unmounted" if detach else "closed", mountpoint)

@@ -49,11 +49,19 @@ disabled_plugins = ["io.containerd.grpc.v1.cri"]
 
 
 def build_rootfs(path: Path) -> Path:
+    """A busybox rootfs at `path`, with an image's modes: its root 0755, /tmp 1777.
+
+    pytest creates its temporary directories 0700; left so, the container's `/` is 0700 and a
+    process of any uid but root fails every path lookup with EACCES (root passes on
+    CAP_DAC_OVERRIDE), which looks like a permission problem of the volumes."""
+    path.mkdir(parents=True, exist_ok=True)
+    path.chmod(0o755)
     for directory in ("bin", "etc", "proc", "sys", "dev", "tmp", "out"):
         (path / directory).mkdir(parents=True, exist_ok=True)
     shutil.copy2(BUSYBOX, path / "bin" / "busybox")
     for applet in APPLETS:
         (path / "bin" / applet).symlink_to("busybox")
+    (path / "tmp").chmod(0o1777)
     return path
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -181,11 +182,15 @@ def force_stop(agent: AgentProcess, *, patience_s: float = 1.5) -> None:
     process = agent.process
     if process is not None and process.poll() is None:
         process.kill()
+        process.wait(timeout=10)
+    if agent.pid and agent.agent_alive():  # a lame duck, or an agent dying with its launcher
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(agent.pid, signal.SIGKILL)
         try:
-            process.wait(timeout=patience_s)
+            agent.wait_agent_gone(patience_s)
         except subprocess.TimeoutExpired:
             abort_fuse_connection(agent)
-            process.wait(timeout=10)
+            agent.wait_agent_gone(10)
     for path in reversed(mounts_below(agent.root)):
         subprocess.run(["umount", "-l", path], check=False)
 

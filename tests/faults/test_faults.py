@@ -169,7 +169,7 @@ def _check_not_frozen(agent: AgentProcess, volume: Path, round_: int) -> None:
         tail.wait_line("volume updated", f"{HEALTHY_UID}-config", timeout_s=3)
     except TimeoutError:
         assert agent.process is not None
-        with open(f"/proc/{agent.process.pid}/wchan") as f:
+        with open(f"/proc/{agent.pid}/wchan") as f:
             where = f.read()
         os.statvfs(volume)  # any FUSE request wakes it up again
         raise AssertionError(
@@ -287,20 +287,22 @@ def _stacks_ok(root: Path, *, layers: int) -> bool:
 
 
 def _kill_9(agent: AgentProcess) -> str:
-    """SIGKILL the agent and reap it. Returns "" if it died, else the wait channels of its threads
-    (one of them left waiting on the agent's own FUSE mount): the process is then released the
-    only way a node has, `umount -f` of the FUSE mount, which aborts the connection."""
+    """SIGKILL the agent proper and reap it. Returns "" if it died, else the wait channels of its
+    threads (one of them left waiting on the agent's own FUSE mount): the process is then released
+    the only way a node has, `umount -f` of the FUSE mount, which aborts the connection."""
     assert agent.process is not None
-    agent.process.send_signal(signal.SIGKILL)
+    os.kill(agent.pid, signal.SIGKILL)
     try:
-        agent.process.wait(timeout=1.5)
+        agent.wait_agent_gone(1.5)
+        agent.process.wait(timeout=10)  # the launcher exits with its child
     except subprocess.TimeoutExpired:
-        task_dir = f"/proc/{agent.process.pid}/task"
+        task_dir = f"/proc/{agent.pid}/task"
         stuck = {}
         for task in os.listdir(task_dir):
             with open(f"{task_dir}/{task}/wchan") as f:
                 stuck[task] = f.read()
         abort_fuse_connection(agent)
+        agent.wait_agent_gone(10)
         agent.process.wait(timeout=10)
         return str(stuck)
     return ""
@@ -440,7 +442,7 @@ def test_sigkill_while_the_agent_serves_its_own_request_lets_it_exit(
     try:
         wait_for(lambda: _served_volumes_are_whole(agent, 0), timeout_s=15)
         assert agent.process is not None
-        thief = RequestThief(agent.process.pid)
+        thief = RequestThief(agent.pid)
         with Editor(update_manifests, 0) as editor:
             assert thief.holding.wait(timeout=3), "the publisher sent no request"
             stuck = _kill_9(agent)

@@ -1,0 +1,105 @@
+"""The hand-over of an upgrade-restart: a stopping agent keeps answering FUSE until its successor
+has stacked its binds, so that a container reading its volume never sees a failed read.
+
+The pod volume binds of a served volume all show subtrees of the agent's one FUSE mount: they work
+exactly as long as its process answers. On SIGTERM a launched agent (`fusevol.launcher`) becomes a
+*lame duck*: it stops reconciling and watching its source, detaches its own FUSE mountpoint (the
+superblock lives on through the pod binds), releases the agent lock, tells its launcher, which
+exits (the stop systemd or a test waits for is over), and goes on answering FUSE requests for
+what it served. The successor takes the lock, mounts a FUSE file system of its own, stacks a fresh
+bind on each old one (`fusevol.reconciler.reconstruct`), and then says so on the lame duck's unix
+socket (`layout.handover_socket`); the lame duck exits without unmounting anything. Its binds,
+covered, turn dead and go when their volume is torn down.
+
+Exactly one agent reconciles at a time: the lock. A lame duck holds no lock and changes nothing;
+it only answers reads. It gives up after `LAME_DUCK_S` without a successor (a plain stop): its
+binds then turn dead as after a crash, and the next agent recovers them the same way.
+
+Protocol: the successor connects and keeps the connection while it sets up; once every volume it
+found on the node is set up again (or torn down), it sends `STACKED` and closes. A lame duck that
+loses the connection without `STACKED` (its successor crashed) waits for the next one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+STACKED = b"stacked\n"
+LAME_DUCK_S = 60.0
+"""How long a lame duck waits for a successor to stack its binds before it exits anyway."""
+
+
+async def serve_as_lame_duck(
+    path: Path,
+    *,
+    timeout_s: float = LAME_DUCK_S,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> bool:
+    """Listen at `path` until a successor sends `STACKED` (True) or `timeout_s` passes (False).
+
+    Reports started once listening: the caller releases the agent lock only then, so a successor
+    that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    await listener.bind(str(path))
+    own = os.stat(path).st_ino
+    listener.listen(4)
+    try:
+        task_status.started()
+        with trio.move_on_after(timeout_s):
+            while True:
+                connection, _ = await listener.accept()
+                with connection:
+                    received = b""
+                    while chunk := await connection.recv(64):
+                        received += chunk
+                if received.startswith(STACKED):
+                    return True
+                log.info("the successor left without stacking its binds: waiting for the next")
+        return False
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == own:  # not a later lame duck's
+                os.unlink(path)
+
+
+class Predecessor:
+    """A connection to a lame duck, found by `find_predecessor`."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+
+    async def release(self) -> None:
+        """Tell the lame duck our binds are stacked on its (or that its are gone): it may exit.
+        Idempotent."""
+        if self._sock.fileno() == -1:
+            return
+        with self._sock, contextlib.suppress(OSError):
+            await self._sock.send(STACKED)
+
+
+async def find_predecessor(path: Path) -> Predecessor | None:
+    """The lame duck serving at `path`, or None if there is none (no socket, nobody listening)."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+            log.warning("cannot reach a previous agent at %s: %s", path, exc)
+        return None
+    return Predecessor(sock)
