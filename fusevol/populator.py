@@ -10,7 +10,8 @@ resolved again on every pass, and served as soon as the claim is bound.
 An unbound claim binds to a PV whose claimRef names it (and its uid, if the PV records one): the
 PV controller's pre-bound binding, which is how a provisioned volume reaches its claim. An unbound
 claim of a StorageClass provisioned by this node (`fusevol.provision`) is collected in
-`claims_to_provision()`: a pod of this node is its first consumer.
+`claims_to_provision()`: a pod of this node is its first consumer. One whose PV is recorded already
+(the Kubernetes source: created, the PV controller's binding not seen yet) is not collected again.
 
 `has_added_pods` turns true after the first pass that follows the sources' complete initial
 listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
@@ -160,6 +161,9 @@ class Populator:
         storage_class = self._store.get(class_key, StorageClass)
         if storage_class is None or not self._provisioner.wants(claim, storage_class):
             return unbound
+        provisioned = self._provisioner.recorded_for(claim)
+        if provisioned is not None:  # the PV exists; the API's binding has not come yet
+            return f"{unbound}: provisioned as {provisioned.name}, waiting for the binding"
         self._to_provision[claim.key] = ClaimToProvision(claim, storage_class)
         return f"{unbound}: waiting for {storage_class.provisioner} to provision it"
 
