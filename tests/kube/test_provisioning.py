@@ -54,6 +54,40 @@ def claim() -> dict[str, Any]:
     }
 
 
+def other_nodes_released_pv(base: Path) -> dict[str, Any]:
+    """Provisioned by fusevol on another node, its claim gone: that node's to delete."""
+    return {
+        "kind": "PersistentVolume",
+        "metadata": {
+            "name": "pvc-other",
+            "labels": {"fusevol.io/node": "other-node"},
+            "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
+        },
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "persistentVolumeReclaimPolicy": "Delete",
+            "storageClassName": "local",
+            "local": {"path": str(base / "pvc-other")},
+            "claimRef": {"namespace": "default", "name": "gone", "uid": "0000-gone"},
+            "nodeAffinity": {
+                "required": {
+                    "nodeSelectorTerms": [
+                        {
+                            "matchExpressions": [
+                                {
+                                    "key": "kubernetes.io/hostname",
+                                    "operator": "In",
+                                    "values": ["other-node"],
+                                }
+                            ]
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
 def mounted(agent: AgentProcess, uid: str) -> Path:
     agent.wait_state(uid, "data", "mounted", timeout_s=10)
     return Path(str(agent.volume_status(uid, "data")["path"]))
@@ -70,14 +104,17 @@ def test_delete_policy_created_through_the_api_bound_shared_then_deleted(
     base = tmp_path / "base"
     api.create(storage_class(base, "Delete"))
     created_claim = api.create(claim())
+    api.create(other_nodes_released_pv(base))
     with kube_agent() as agent:
         time.sleep(0.3)  # ready, and no consumer: nothing is provisioned
-        assert pv_names(api) == []
+        assert pv_names(api) == ["pvc-other"]  # another node's to delete, not this one's
         assert not base.exists()
+        (watch,) = [r for r in api.requests if r.path == "/api/v1/persistentvolumes" and r.watch]
+        assert watch.query["labelSelector"] == "fusevol.io/node=test-node"
 
         api.create(pod(volumes=[CLAIM_VOLUME]))
         first = mounted(agent, UID)
-        (name,) = pv_names(api)
+        (name,) = set(pv_names(api)) - {"pvc-other"}
         assert name == f"pvc-{created_claim['metadata']['uid']}"
         directory = base / name
         pv = api.get("PersistentVolume", "", name)
@@ -116,7 +153,7 @@ def test_delete_policy_created_through_the_api_bound_shared_then_deleted(
         wait_for(lambda: not (agent.root / "pods" / UID).exists(), timeout_s=5)
         time.sleep(0.3)  # no pod of this node uses the claim: it exists, so nothing is reclaimed
         assert (directory / "hello").read_text() == "from pod 1"
-        assert pv_names(api) == [name]
+        assert sorted(pv_names(api)) == sorted(["pvc-other", name])
         api.create(pod("second", OTHER_UID, volumes=[CLAIM_VOLUME]))
         second = mounted(agent, OTHER_UID)
         assert second.name == name
@@ -129,7 +166,7 @@ def test_delete_policy_created_through_the_api_bound_shared_then_deleted(
         wait_for(lambda: not (agent.root / "pods" / OTHER_UID).exists(), timeout_s=5)
         api.delete("PersistentVolumeClaim", "default", "data")
         wait_for(lambda: f"volume deleted pv={name}" in agent.log_text(), timeout_s=5)
-        assert pv_names(api) == []
+        assert pv_names(api) == ["pvc-other"]
         assert not directory.exists()
         assert api.count("DELETE", "persistentvolumes") == 1
 
