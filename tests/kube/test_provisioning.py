@@ -220,3 +220,37 @@ def test_storage_class_and_claim_fetched_by_the_get_strategy(
         time.sleep(0.3)  # the status file is written after the pass that mounted it
         operations = agent.snapshot()["statistics"]["executor"]["started"]
         assert operations < 10, operations  # provision, a few failed mounts, the mount
+
+
+def test_a_claim_the_scheduler_selected_this_node_for_is_provisioned_before_its_pod_is_placed(
+    api: ApiServer, kube_agent: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The scheduler (played by the test) places a WaitForFirstConsumer pod only once its claim
+    is bound: it annotates the claim with the node it chose, and waits."""
+    base = tmp_path / "base"
+    api.create(storage_class(base, "Delete"))
+    selected = claim()
+    selected["metadata"]["annotations"] = {"volume.kubernetes.io/selected-node": "test-node"}
+    api.create(selected)
+    elsewhere = claim()
+    elsewhere["metadata"] = {
+        "name": "elsewhere",
+        "annotations": {"volume.kubernetes.io/selected-node": "other-node"},
+    }
+    api.create(elsewhere)
+    api.create(pod(node="", volumes=[CLAIM_VOLUME]))  # pending: no node yet
+    with kube_agent() as agent:
+
+        def bound() -> str:
+            current = api.get("PersistentVolumeClaim", "default", "data") or {}
+            return str((current.get("spec") or {}).get("volumeName", ""))
+
+        name = wait_for(bound, timeout_s=5)
+        assert pv_names(api) == [name]  # not for the claim selected for another node
+        assert (base / name).is_dir()
+        # The scheduler binds the pod to this node; it gets its volume.
+        placed = pod(volumes=[CLAIM_VOLUME])
+        api.update(placed)
+        path = mounted(agent, UID)
+        assert path == agent.volume(UID, "local-volume", name)
+        assert api.count("POST", "persistentvolumes") == 1

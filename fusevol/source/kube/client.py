@@ -67,6 +67,8 @@ class Resource:
     read_name: str
     group: str = ""
     """"" for core/v1 (CoreV1Api), `storage.k8s.io` (StorageV1Api)."""
+    list_all_name: str = ""
+    """The list method across namespaces, for a namespaced kind listed without a namespace."""
 
     @property
     def api_version(self) -> str:
@@ -84,6 +86,7 @@ RESOURCES = {
         True,
         "list_namespaced_persistent_volume_claim",
         "read_namespaced_persistent_volume_claim",
+        list_all_name="list_persistent_volume_claim_for_all_namespaces",
     ),
     Kind.PERSISTENT_VOLUME: Resource(
         Kind.PERSISTENT_VOLUME, False, "list_persistent_volume", "read_persistent_volume"
@@ -139,8 +142,7 @@ class KubeClient:
     ) -> tuple[list[Obj], str]:
         """(items, the list's resourceVersion)."""
         body = self._call(
-            RESOURCES[kind].list_name,
-            *_namespace_arg(kind, namespace),
+            *_list_call(kind, namespace),
             field_selector=field_selector or None,
             label_selector=label_selector or None,
             _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
@@ -183,8 +185,7 @@ class KubeClient:
         """Start a watch from `resource_version`, bookmarks requested. The server ends it after
         `timeout_s`; a silent connection is given up a little later."""
         response = self._open(
-            RESOURCES[kind].list_name,
-            *_namespace_arg(kind, namespace),
+            *_list_call(kind, namespace),
             field_selector=field_selector or None,
             label_selector=label_selector or None,
             watch=True,
@@ -327,6 +328,14 @@ class WatchStream:
             if not self._closed:
                 self._closed = True
                 _quietly(finish)
+
+
+def _list_call(kind: Kind, namespace: str | None) -> tuple[str, ...]:
+    """The list method and its positional arguments."""
+    resource = RESOURCES[kind]
+    if namespace is None and resource.list_all_name:
+        return (resource.list_all_name,)
+    return (resource.list_name, *_namespace_arg(kind, namespace))
 
 
 def _namespace_arg(kind: Kind, namespace: str | None) -> tuple[str, ...]:

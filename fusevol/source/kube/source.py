@@ -19,7 +19,8 @@ this node provisioned runs too and is read before (4), and the claims of those P
 (and their first copy awaited before (4)) even when no pod of this node uses them: the provisioner
 deletes a volume whose claim is gone, so a claim merely not read yet must never look gone. An
 unbound claim of a pod brings its StorageClass along (tracked by the same strategy), which says
-whether this node provisions it.
+whether this node provisions it. So do the unbound claims the scheduler selected this node for
+(`selected`): their pods get a node only once the claim is bound.
 
 Pods are converted by the manifest source's converter (`fusevol.source.manifest.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
@@ -61,6 +62,7 @@ from fusevol.source.kube.objects import (
     convert,
 )
 from fusevol.source.kube.reflector import Query, Reflector
+from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
 if TYPE_CHECKING:
@@ -103,6 +105,11 @@ class KubeSource:
     ) -> None:
         self._client = client
         self._recorder = recorder
+        self._selected = (
+            None
+            if recorder is None
+            else SelectedClaims(client=client, node_name=node_name, on_change=self._claim_changed)
+        )
         self._node_name = node_name
         self._store = store
         self._settings = settings
@@ -150,6 +157,8 @@ class KubeSource:
             if self._recorder is not None:
                 self._recorder.on_change = self._claim_changed
                 nursery.start_soon(self._recorder.run)
+                if self._selected is not None:
+                    nursery.start_soon(self._selected.run)
                 await self._recorder.synced.wait()
                 self._objects.set_wanted(self._wanted())
                 await self._objects.ensure(self._recorder.claim_keys(), timeout_s=math.inf)
@@ -226,10 +235,14 @@ class KubeSource:
             self._objects.set_wanted(self._wanted())
 
     def _wanted(self) -> set[ObjectKey]:
-        """Everything to track: the pods' references, the claims of the PVs provisioned here."""
+        """Everything to track: the pods' references, the claims of the PVs provisioned here, the
+        claims selected for this node (and what they reference)."""
         keys = self._references(self._pods.values())
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
+        if self._selected is not None:
+            for key in self._selected.keys:
+                keys |= self._claim_references(key)
         return keys
 
     def _references(self, pods: Iterable[Pod]) -> set[ObjectKey]:
@@ -254,18 +267,22 @@ class KubeSource:
                         keys.add(ObjectKey(Kind.SECRET, namespace, projection.name))
                 return keys
             case PersistentVolumeClaimVolumeSource(claim_name=name):
-                claim_key = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
-                claim = self._store.get(claim_key, PersistentVolumeClaim)
-                if claim is None:
-                    return {claim_key}
-                if not claim.volume_name:  # its class says who provisions it
-                    if not claim.storage_class_name:
-                        return {claim_key}
-                    class_key = ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)
-                    return {claim_key, class_key}
-                return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
+                return self._claim_references(
+                    ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
+                )
             case _:
                 return set()
+
+    def _claim_references(self, claim_key: ObjectKey) -> set[ObjectKey]:
+        """The claim, and its volume once bound, else its class (which says who provisions it)."""
+        claim = self._store.get(claim_key, PersistentVolumeClaim)
+        if claim is None:
+            return {claim_key}
+        if not claim.volume_name:
+            if not claim.storage_class_name:
+                return {claim_key}
+            return {claim_key, ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)}
+        return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
 
 
 def _key_of(raw: Obj) -> ObjectKey:
