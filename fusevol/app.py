@@ -5,7 +5,7 @@ Start-up order (each `nursery.start` returns once the component is ready):
        look for a lame duck to release once our binds are stacked;
     2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
        the pod volume directories on the node (reconstruct.py); load the PVs this node
-       provisioned (source/provisioned.py);
+       provisioned (source/provisioned.py; the Kubernetes source reads them from the API in 5);
     3. the FUSE mount, then the publisher that switches versions through it;
     4. the executor and the status reporter;
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
@@ -54,7 +54,7 @@ from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
 from fusevol.projection.downward import node_allocatable
-from fusevol.provision.hostpath import HostPathProvisioner
+from fusevol.provision.hostpath import PROVISIONER, HostPathProvisioner
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
 from fusevol.reconciler.reconstruct import (
@@ -75,7 +75,9 @@ if TYPE_CHECKING:
 
     from fusevol.cache.desired import VolumeToServe
     from fusevol.model import UniqueVolumeName
+    from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.settings import Settings
+    from fusevol.source.kube.client import KubeClient
     from fusevol.source.kube.source import KubeSource
 
 log = logging.getLogger(__name__)
@@ -142,7 +144,21 @@ class Agent:
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
         )
-        self.recorder = ManifestVolumeRecorder(path=layout.provisioned_file(root), store=self.store)
+        self.kube_client: KubeClient | None = None
+        self.recorder: VolumeRecorder
+        if settings.kube is not None:
+            # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+            from fusevol.source.kube.client import KubeClient
+            from fusevol.source.kube.provisioned import KubeVolumeRecorder
+
+            self.kube_client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+            self.recorder = KubeVolumeRecorder(
+                client=self.kube_client, node_name=settings.node_name, provisioner=PROVISIONER
+            )
+        else:
+            self.recorder = ManifestVolumeRecorder(
+                path=layout.provisioned_file(root), store=self.store
+            )
         self.provisioner = HostPathProvisioner(
             root=root, node_name=settings.node_name, store=self.store, recorder=self.recorder
         )
@@ -162,17 +178,17 @@ class Agent:
         )
         self.kube_source: KubeSource | None = None
         self.source: ManifestSource | KubeSource
-        if settings.kube is not None:
-            # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
-            from fusevol.source.kube.client import KubeClient
+        if settings.kube is not None and self.kube_client is not None:
+            from fusevol.source.kube.provisioned import KubeVolumeRecorder
             from fusevol.source.kube.source import KubeSource
 
-            client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+            assert isinstance(self.recorder, KubeVolumeRecorder)
             self.source = self.kube_source = KubeSource(
-                client=client,
+                client=self.kube_client,
                 node_name=settings.node_name,
                 store=self.store,
                 settings=settings.kube,
+                recorder=self.recorder,
             )
         elif settings.manifests is not None:
             self.source = ManifestSource(
@@ -272,7 +288,8 @@ class Agent:
             found = reconstruct(root)
             for volume in found:
                 self.actual.mark_mounted(volume)
-            self.recorder.load()  # the PVs this node provisioned, before any source
+            if isinstance(self.recorder, ManifestVolumeRecorder):
+                self.recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
             layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,

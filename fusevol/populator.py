@@ -10,7 +10,10 @@ resolved again on every pass, and served as soon as the claim is bound.
 An unbound claim binds to a PV whose claimRef names it (and its uid, if the PV records one): the
 PV controller's pre-bound binding, which is how a provisioned volume reaches its claim. An unbound
 claim of a StorageClass provisioned by this node (`fusevol.provision`) is collected in
-`claims_to_provision()`: a pod of this node is its first consumer.
+`claims_to_provision()`: a pod of this node is its first consumer, or the scheduler selected this
+node for it (`volume.kubernetes.io/selected-node`: its pod gets a node once it is bound). One
+whose PV is recorded already (the Kubernetes source: created, the PV controller's binding not seen
+yet) is not collected again.
 
 `has_added_pods` turns true after the first pass that follows the sources' complete initial
 listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
@@ -79,8 +82,23 @@ class Populator:
             volumes = tuple(self.resolve(pod, volume) for volume in pod.volumes)
             if self._desired.set_pod(pod, volumes):
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+        self._collect_selected_claims()
         if synced:
             self._has_added_pods = True
+
+    def _collect_selected_claims(self) -> None:
+        """Unbound claims the scheduler selected this node for, whose pods have no node yet."""
+        if self._provisioner is None:
+            return
+        for claim in self._store.list(Kind.PERSISTENT_VOLUME_CLAIM):
+            assert isinstance(claim, PersistentVolumeClaim)
+            if (
+                claim.key not in self._to_provision
+                and not claim.volume_name
+                and self._provisioner.selected_here(claim)
+                and self._pre_bound(claim) is None
+            ):
+                self._unbound(claim)
 
     def claims_to_provision(self) -> tuple[ClaimToProvision, ...]:
         """The unbound claims of the last pass that pods of this node use and this node
@@ -160,6 +178,9 @@ class Populator:
         storage_class = self._store.get(class_key, StorageClass)
         if storage_class is None or not self._provisioner.wants(claim, storage_class):
             return unbound
+        provisioned = self._provisioner.recorded_for(claim)
+        if provisioned is not None:  # the PV exists; the API's binding has not come yet
+            return f"{unbound}: provisioned as {provisioned.name}, waiting for the binding"
         self._to_provision[claim.key] = ClaimToProvision(claim, storage_class)
         return f"{unbound}: waiting for {storage_class.provisioner} to provision it"
 

@@ -113,6 +113,11 @@ class HostPathProvisioner:
         selected = claim.annotations.get(SELECTED_NODE, "")
         return storage_class.provisioner == PROVISIONER and selected in ("", self._node_name)
 
+    def selected_here(self, claim: PersistentVolumeClaim) -> bool:
+        """The scheduler chose this node for `claim`'s first consumer (WaitForFirstConsumer): the
+        pod gets its node once the claim is bound, so it is provisioned without waiting for it."""
+        return claim.annotations.get(SELECTED_NODE) == self._node_name
+
     def describe(self, request: ClaimToProvision) -> PersistentVolume:
         """(2) The PV for `request`; no side effect."""
         claim, storage_class = request.claim, request.storage_class

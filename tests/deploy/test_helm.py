@@ -90,9 +90,13 @@ EXPECTED_RULES = {
     ("", "serviceaccounts/token", "create"),
     ("", "events", "create"),
     ("", "events", "patch"),
+    *(("storage.k8s.io", "storageclasses", verb) for verb in ("get", "list", "watch")),
+    ("", "persistentvolumes", "create"),
+    ("", "persistentvolumes", "delete"),
 }
 """What the Kubernetes API source does (list+watch this node's pods, get/list/watch the objects
-of their volumes, TokenRequest, events), and nothing else."""
+of their volumes and the classes of their unbound claims, TokenRequest, events, create and delete
+the PVs it provisions), and nothing else."""
 
 
 def _kube_versions() -> list[str]:

@@ -4,8 +4,9 @@ A real kube-apiserver cannot run on the test machines, and the agent must not kn
 it talks to this server through the `kubernetes` client exactly as it talks to a cluster. What the
 client uses is implemented as the API server does it:
 
-- core/v1 pods, configmaps, secrets, persistentvolumeclaims (namespaced) and persistentvolumes
-  (cluster-scoped): GET one object (404 Status when absent), LIST (`metadata.resourceVersion`),
+- core/v1 pods, configmaps, secrets, persistentvolumeclaims (namespaced), persistentvolumes and
+  storage.k8s.io/v1 storageclasses (cluster-scoped): GET one object (404 Status when absent),
+  LIST (`metadata.resourceVersion`),
   WATCH (HTTP/1.1 chunked stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
   events when `allowWatchBookmarks`; an `ERROR` event carrying a 410 Status when the version is
   older than the compacted history; the stream ends after `timeoutSeconds`);
@@ -15,6 +16,8 @@ client uses is implemented as the API server does it:
   always does), the bound pod must exist with that uid, `expirationSeconds` >= 600; the token is a
   JWT-shaped string whose payload names audience, pod and expiry;
 - core/v1 Events: POST (409 if the name exists) and PATCH (merge of the fields sent);
+- PersistentVolumes: POST (409 AlreadyExists if the name exists) and DELETE (the object goes at
+  once: the `kubernetes.io/pv-protection` finalizer, which keeps a Bound PV, is not modelled);
 - bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates.
 
 The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
@@ -23,6 +26,10 @@ the middle of an event), `compact()` (history gone: resuming watches get 410), `
 (a restart on the same port: connections reset, history compacted, as a new API server's watch
 cache), `token_lifetime_s` (the server shortens tokens, as `--service-account-max-token-expiration`
 may). `requests` records every request for assertions.
+
+`PvController` stands in for kube-controller-manager's PV controller, which no test machine runs:
+the binding of claims to PVs pre-bound by claimRef, and the release of PVs whose claim went. It
+runs after every change, inside the server's lock (`pv_controller = False` turns it off).
 """
 
 from __future__ import annotations
@@ -50,7 +57,9 @@ Obj = dict[str, Any]
 TOKEN = "fusevol-test-token"
 NAMESPACED = {"pods": "Pod", "configmaps": "ConfigMap", "secrets": "Secret"}
 NAMESPACED["persistentvolumeclaims"] = "PersistentVolumeClaim"
-CLUSTER = {"persistentvolumes": "PersistentVolume"}
+CLUSTER = {"persistentvolumes": "PersistentVolume", "storageclasses": "StorageClass"}
+GROUPS = {"storageclasses": "storage.k8s.io"}
+"""API group of the resources not in core/v1."""
 RESOURCE_OF = {kind: plural for plural, kind in {**NAMESPACED, **CLUSTER}.items()}
 FIELDS = {"metadata.name", "metadata.namespace"}
 POD_FIELDS = FIELDS | {"spec.nodeName"}
@@ -111,6 +120,7 @@ class ApiServer:
         self.events: dict[tuple[str, str], Obj] = {}
         self.tokens_issued: list[Obj] = []
         self.service_accounts: set[tuple[str, str]] = set()
+        self.pv_controller = True
         self._cond = threading.Condition()
         self._rv = 100
         self._objects: dict[tuple[str, str, str], Obj] = {}
@@ -176,7 +186,10 @@ class ApiServer:
                 raise ApiError(409, "AlreadyExists", f'{resource} "{name}" already exists')
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", _now())
-            return self._commit("ADDED", resource, namespace, name, _normalize(obj))
+            obj.setdefault("apiVersion", _api_version(resource))
+            created = self._commit("ADDED", resource, namespace, name, _normalize(obj))
+            self._controllers()
+            return created
 
     def update(self, obj: Obj) -> Obj:
         obj = copy.deepcopy(obj)
@@ -192,7 +205,9 @@ class ApiServer:
                 raise ApiError(422, "Invalid", "field is immutable when `immutable` is set")
             obj["metadata"]["uid"] = old["metadata"]["uid"]
             obj["metadata"]["creationTimestamp"] = old["metadata"]["creationTimestamp"]
-            return self._commit("MODIFIED", resource, namespace, name, obj)
+            updated = self._commit("MODIFIED", resource, namespace, name, obj)
+            self._controllers()
+            return updated
 
     def apply(self, obj: Obj) -> Obj:
         """Create or update."""
@@ -209,6 +224,7 @@ class ApiServer:
             if old is None:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
             self._commit("DELETED", resource, namespace, name, old)
+            self._controllers()
 
     def get(self, kind: str, namespace: str, name: str) -> Obj | None:
         resource = RESOURCE_OF[kind]
@@ -269,6 +285,10 @@ class ApiServer:
         self._cond.notify_all()
         return copy.deepcopy(obj)
 
+    def _controllers(self) -> None:
+        if self.pv_controller:
+            PvController(self._objects, self._commit).sync()
+
     def _list(self, resource: str, namespace: str | None, query: dict[str, str]) -> Obj:
         selector = _selector(resource, query)
         with self._cond:
@@ -281,7 +301,7 @@ class ApiServer:
         kind = {**NAMESPACED, **CLUSTER}[resource]
         return {
             "kind": f"{kind}List",
-            "apiVersion": "v1",
+            "apiVersion": _api_version(resource),
             "metadata": {"resourceVersion": str(rv)},
             "items": items,
         }
@@ -407,7 +427,11 @@ class ApiServer:
                     next_bookmark = time.monotonic() + self.bookmark_interval_s
                     kind = {**NAMESPACED, **CLUSTER}[watch.resource]
                     meta = {"resourceVersion": str(rv)}
-                    bookmark = {"kind": kind, "apiVersion": "v1", "metadata": meta}
+                    bookmark = {
+                        "kind": kind,
+                        "apiVersion": _api_version(watch.resource),
+                        "metadata": meta,
+                    }
                     cursor = max(cursor, rv)
                     handler.send_chunk({"type": "BOOKMARK", "object": bookmark})
         finally:
@@ -454,6 +478,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def do_PATCH(self) -> None:
         self._handle("PATCH")
 
+    def do_DELETE(self) -> None:
+        self._handle("DELETE")
+
     def _handle(self, method: str) -> None:
         api = self.server.api
         url = urllib.parse.urlsplit(self.path)
@@ -473,9 +500,16 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     def _route(self, method: str, path: str, query: dict[str, str], body: Obj) -> None:
         api = self.server.api
         parts = path.strip("/").split("/")
-        if parts[:2] != ["api", "v1"]:
+        if parts[:2] == ["api", "v1"]:
+            rest = parts[2:]
+        elif parts[:1] == ["apis"] and len(parts) >= 4 and GROUPS.get(parts[3]) == parts[1]:
+            if parts[2] != "v1":
+                raise ApiError(404, "NotFound", "the server could not find the requested resource")
+            rest = parts[3:]
+        else:
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
-        rest = parts[2:]
+        if rest and GROUPS.get(rest[0], "") != (parts[1] if parts[0] == "apis" else ""):
+            raise ApiError(404, "NotFound", "the server could not find the requested resource")
         namespace: str | None = None
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
@@ -489,6 +523,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             with api._cond:
                 response = api._issue_token(namespace, rest[1], body)
             self.send_json(201, response)
+        elif rest == ["persistentvolumes"] and method == "POST" and namespace is None:
+            body.setdefault("kind", "PersistentVolume")
+            self.send_json(201, api.create(body))
+        elif len(rest) == 2 and rest[0] == "persistentvolumes" and method == "DELETE":
+            with api._cond:
+                old = api._get_one(rest[0], "", rest[1])
+                api.delete("PersistentVolume", "", rest[1])
+            self.send_json(200, old)
         elif (
             method != "GET"
             or not rest
@@ -593,10 +635,16 @@ def _parse_selector(text: str) -> list[tuple[str, str, str]]:
 
 
 def _resource_of_path(path: str) -> str:
-    parts = path.strip("/").split("/")[2:]
+    parts = path.strip("/").split("/")
+    parts = parts[3:] if parts[0] == "apis" else parts[2:]
     if len(parts) >= 3 and parts[0] == "namespaces":
         parts = parts[2:]
     return "/".join(p for p in parts[:1] + parts[2:3])
+
+
+def _api_version(resource: str) -> str:
+    group = GROUPS.get(resource)
+    return f"{group}/v1" if group else "v1"
 
 
 def _normalize(obj: Obj) -> Obj:
@@ -633,3 +681,78 @@ def running_apiserver(**kwargs: Any) -> Any:
         yield server
     finally:
         server.stop()
+
+
+# -- the PV controller's stand-in ------------------------------------------------------------------
+
+
+class PvController:
+    """kube-controller-manager's PV controller (pkg/controller/volume/persistentvolume), the part a
+    node-local provisioner relies on, applied to the server's objects after every change:
+
+    - a PV whose `spec.claimRef` names an existing claim (and its uid, if the ref has one) that is
+      unbound, or bound to it: the claim gets `spec.volumeName`, the annotations
+      `pv.kubernetes.io/bind-completed` and `pv.kubernetes.io/bound-by-controller`, `status.phase:
+      Bound` with the PV's capacity and access modes; the PV gets `status.phase: Bound` and the
+      claim's uid in its claimRef (`syncVolume`, `bind`);
+    - a PV whose claimRef has a uid and whose claim is gone (or is another claim of that name):
+      `status.phase: Released` (`syncVolume`, "volume is released"). Its reclaim is then the
+      provisioner's: the controller deletes only what in-tree plugins provisioned;
+    - a PV without claimRef: `Available`.
+    Matching unbound claims to available PVs by size and class, and the scheduler's delayed
+    binding, are not modelled. Runs under the server's lock; writes through `commit`.
+    """
+
+    def __init__(self, objects: dict[tuple[str, str, str], Obj], commit: Any) -> None:
+        self._objects = objects
+        self._commit = commit
+
+    def sync(self) -> None:
+        for (resource, _, name), pv in sorted(self._objects.items()):
+            if resource == "persistentvolumes":
+                self._sync_volume(name, pv)
+
+    def _sync_volume(self, name: str, pv: Obj) -> None:
+        ref = (pv.get("spec") or {}).get("claimRef")
+        if not ref:
+            self._set_phase("persistentvolumes", "", name, pv, "Available")
+            return
+        namespace = ref.get("namespace") or "default"
+        claim = self._objects.get(("persistentvolumeclaims", namespace, ref.get("name", "")))
+        uid = ref.get("uid", "")
+        if claim is None or (uid and uid != claim["metadata"]["uid"]):
+            if uid:
+                self._set_phase("persistentvolumes", "", name, pv, "Released")
+            else:
+                self._set_phase("persistentvolumes", "", name, pv, "Available")
+            return
+        bound_to = (claim.get("spec") or {}).get("volumeName", "")
+        if bound_to not in ("", name):
+            return  # the claim is bound to another volume: the PV stays pre-bound, pending
+        if not uid:
+            pv = copy.deepcopy(pv)
+            pv["spec"]["claimRef"]["uid"] = claim["metadata"]["uid"]
+            pv = self._commit("MODIFIED", "persistentvolumes", "", name, pv)
+        self._set_phase("persistentvolumes", "", name, pv, "Bound")
+        if bound_to == name and (claim.get("status") or {}).get("phase") == "Bound":
+            return
+        claim = copy.deepcopy(claim)
+        claim.setdefault("spec", {})["volumeName"] = name
+        annotations = claim["metadata"].setdefault("annotations", {})
+        annotations["pv.kubernetes.io/bind-completed"] = "yes"
+        annotations["pv.kubernetes.io/bound-by-controller"] = "yes"
+        claim["status"] = {
+            "phase": "Bound",
+            "accessModes": pv["spec"].get("accessModes", []),
+            "capacity": pv["spec"].get("capacity", {}),
+        }
+        self._commit(
+            "MODIFIED", "persistentvolumeclaims", namespace, claim["metadata"]["name"], claim
+        )
+
+    def _set_phase(self, resource: str, namespace: str, name: str, obj: Obj, phase: str) -> None:
+        if (obj.get("status") or {}).get("phase") == phase:
+            return
+        obj = copy.deepcopy(obj)
+        obj["status"] = {**(obj.get("status") or {}), "phase": phase}
+        self._commit("MODIFIED", resource, namespace, name, obj)

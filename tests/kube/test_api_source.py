@@ -48,9 +48,13 @@ def test_pods_of_this_node_are_served_and_follow_their_configmap(
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         assert key.read_text() == "1"
         assert not (agent.root / "pods" / OTHER_UID).exists()
-        # One watch for the node's pods, one per referenced object, each by name.
+        # One watch for the node's pods, one per referenced object, each by name, one for the
+        # PVs this node provisioned (by label: fusevol.io/node=test-node), one for the claims
+        # (those the scheduler selects this node for: an annotation, which no selector reaches).
         assert sorted(api.open_watches()) == [
             ("configmaps", "default", "metadata.name=app"),
+            ("persistentvolumeclaims", None, ""),
+            ("persistentvolumes", None, ""),
             ("pods", None, "spec.nodeName=test-node"),
         ]
         for value in ("v0", "v1", "v2"):
@@ -71,7 +75,7 @@ def test_a_watch_cut_mid_event_resumes_without_relisting(
     with kube_agent() as agent:
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         lists = api.count("GET", "configmaps", watch=False)
-        assert api.cut_watches() == 2
+        assert api.cut_watches() == 4  # pods, the configmap, provisioned PVs, selected claims
         api.update(configmap("app", {"a": "2"}))  # its event is the one cut in half
         wait_for(lambda: read(key) == "2", timeout_s=10)
         assert api.count("GET", "configmaps", watch=True) >= 2  # watched again...

@@ -2,5 +2,7 @@
 
 `client` (the only `import kubernetes`) -> `reflector` (list+watch that survives) -> `source`
 (pods, references, delivery to the store), with `objects` (kubelet's change-detection strategies),
-`tokens` (TokenRequest) and `events` (FailedMount).
+`tokens` (TokenRequest), `events` (FailedMount), and for the hostpath provisioner `provisioned`
+(its PVs, created and deleted through the API) and `selected` (claims the scheduler chose this node
+for).
 """

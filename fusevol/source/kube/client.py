@@ -2,7 +2,8 @@
 
 Owns the client configuration (an explicit kubeconfig, else in-cluster when running in a pod,
 else the standard kubeconfig resolution: `$KUBECONFIG`, `~/.kube/config`) and the calls fusevol
-makes: list, watch, get, TokenRequest, Events. Every call blocks, so callers run them in worker
+makes: list, watch, get, TokenRequest, Events, and the create/delete of the PersistentVolumes the
+node provisions. Every call blocks, so callers run them in worker
 threads (`trio.to_thread`); results are raw JSON (`_preload_content=False`), so that the one
 converter of `fusevol.source.manifest` reads API objects and manifests alike, and no time goes into
 building client model objects that would be thrown away.
@@ -62,8 +63,16 @@ class Resource:
     kind: Kind
     namespaced: bool
     list_name: str
-    """CoreV1Api's list method (`list_namespaced_config_map`, ...)."""
+    """The API class's list method (`list_namespaced_config_map`, ...)."""
     read_name: str
+    group: str = ""
+    """"" for core/v1 (CoreV1Api), `storage.k8s.io` (StorageV1Api)."""
+    list_all_name: str = ""
+    """The list method across namespaces, for a namespaced kind listed without a namespace."""
+
+    @property
+    def api_version(self) -> str:
+        return f"{self.group}/v1" if self.group else "v1"
 
 
 RESOURCES = {
@@ -77,9 +86,13 @@ RESOURCES = {
         True,
         "list_namespaced_persistent_volume_claim",
         "read_namespaced_persistent_volume_claim",
+        list_all_name="list_persistent_volume_claim_for_all_namespaces",
     ),
     Kind.PERSISTENT_VOLUME: Resource(
         Kind.PERSISTENT_VOLUME, False, "list_persistent_volume", "read_persistent_volume"
+    ),
+    Kind.STORAGE_CLASS: Resource(
+        Kind.STORAGE_CLASS, False, "list_storage_class", "read_storage_class", "storage.k8s.io"
     ),
 }
 
@@ -111,24 +124,34 @@ class KubeClient:
         # discards beyond the pool's size, so the pool holds them all.
         config.connection_pool_maxsize = 1024
         self.host: str = config.host
-        self._api = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
+        api_client = kubernetes.client.ApiClient(config)
+        self._apis: dict[str, Any] = {
+            "": kubernetes.client.CoreV1Api(api_client),
+            "storage.k8s.io": kubernetes.client.StorageV1Api(api_client),
+        }
 
     # -- reads -------------------------------------------------------------------------------------
 
     def list(
-        self, kind: Kind, *, namespace: str | None, field_selector: str = ""
+        self,
+        kind: Kind,
+        *,
+        namespace: str | None,
+        field_selector: str = "",
+        label_selector: str = "",
     ) -> tuple[list[Obj], str]:
         """(items, the list's resourceVersion)."""
         body = self._call(
-            RESOURCES[kind].list_name,
-            *_namespace_arg(kind, namespace),
+            *_list_call(kind, namespace),
             field_selector=field_selector or None,
+            label_selector=label_selector or None,
             _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+            _group=RESOURCES[kind].group,
         )
         items: list[Obj] = body.get("items") or []
         for item in items:  # items of a list carry no kind; the converter needs it
             item.setdefault("kind", kind.value)
-            item.setdefault("apiVersion", "v1")
+            item.setdefault("apiVersion", RESOURCES[kind].api_version)
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
 
     def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
@@ -139,12 +162,14 @@ class KubeClient:
                 RESOURCES[kind].read_name,
                 *args,
                 _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+                _group=RESOURCES[kind].group,
             )
         except ApiError as exc:
             if exc.code == 404:
                 return None
             raise
         obj.setdefault("kind", kind.value)
+        obj.setdefault("apiVersion", RESOURCES[kind].api_version)
         return obj
 
     def open_watch(
@@ -155,18 +180,20 @@ class KubeClient:
         field_selector: str,
         resource_version: str,
         timeout_s: int,
+        label_selector: str = "",
     ) -> WatchStream:
         """Start a watch from `resource_version`, bookmarks requested. The server ends it after
         `timeout_s`; a silent connection is given up a little later."""
         response = self._open(
-            RESOURCES[kind].list_name,
-            *_namespace_arg(kind, namespace),
+            *_list_call(kind, namespace),
             field_selector=field_selector or None,
+            label_selector=label_selector or None,
             watch=True,
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_s,
             _request_timeout=(CONNECT_TIMEOUT_S, timeout_s + REQUEST_TIMEOUT_S),
+            _group=RESOURCES[kind].group,
         )
         return WatchStream(response)
 
@@ -203,6 +230,26 @@ class KubeClient:
             _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
         )
 
+    def create_persistent_volume(self, pv: Obj) -> Obj:
+        """POST the PV; `ApiError` 409 AlreadyExists if one of that name exists."""
+        return self._call(
+            "create_persistent_volume", pv, _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)
+        )
+
+    def delete_persistent_volume(self, name: str) -> bool:
+        """DELETE the PV; False if there was none (404)."""
+        try:
+            self._call(
+                "delete_persistent_volume",
+                name,
+                _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+            )
+        except ApiError as exc:
+            if exc.code == 404:
+                return False
+            raise
+        return True
+
     # -- plumbing ----------------------------------------------------------------------------------
 
     def _call(self, method: str, *args: Any, **kwargs: Any) -> Obj:
@@ -216,10 +263,11 @@ class KubeClient:
         result: Obj = json.loads(data)
         return result
 
-    def _open(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        """Send the request; the urllib3 response, body not yet read."""
+    def _open(self, method: str, *args: Any, _group: str = "", **kwargs: Any) -> Any:
+        """Send the request to the API class of `_group`; the urllib3 response, body not yet
+        read."""
         try:
-            return getattr(self._api, method)(*args, _preload_content=False, **kwargs)
+            return getattr(self._apis[_group], method)(*args, _preload_content=False, **kwargs)
         except ApiException as exc:
             raise _api_error(exc) from None
         except (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException) as exc:
@@ -280,6 +328,14 @@ class WatchStream:
             if not self._closed:
                 self._closed = True
                 _quietly(finish)
+
+
+def _list_call(kind: Kind, namespace: str | None) -> tuple[str, ...]:
+    """The list method and its positional arguments."""
+    resource = RESOURCES[kind]
+    if namespace is None and resource.list_all_name:
+        return (resource.list_all_name,)
+    return (resource.list_name, *_namespace_arg(kind, namespace))
 
 
 def _namespace_arg(kind: Kind, namespace: str | None) -> tuple[str, ...]:

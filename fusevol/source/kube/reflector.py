@@ -53,10 +53,12 @@ class Query:
     kind: Kind
     namespace: str | None
     field_selector: str
+    label_selector: str = ""
 
     def __str__(self) -> str:
         where = f" namespace={self.namespace}" if self.namespace else ""
-        return f"{self.kind.value.lower()}s{where} fieldSelector={self.field_selector}"
+        labels = f" labelSelector={self.label_selector}" if self.label_selector else ""
+        return f"{self.kind.value.lower()}s{where} fieldSelector={self.field_selector}{labels}"
 
 
 @dataclass(slots=True)
@@ -132,6 +134,7 @@ class Reflector:
             self.query.kind,
             namespace=self.query.namespace,
             field_selector=self.query.field_selector,
+            label_selector=self.query.label_selector,
         )
         self.stats.lists += 1
         log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
@@ -152,6 +155,7 @@ class Reflector:
                 field_selector=self.query.field_selector,
                 resource_version=version,
                 timeout_s=random.randrange(*WATCH_TIMEOUT_S),
+                label_selector=self.query.label_selector,
             )
             if abandoned.is_set():  # cancelled while connecting: nobody will read it
                 stream.close()

@@ -14,6 +14,14 @@ Owns the API -> store direction when fusevol runs against a cluster:
 4. After the first complete pod list (steps 2-3 for all of them): `store.mark_synced()` and ready.
 5. Cache and Get: refetch at every sync period.
 
+With a `KubeVolumeRecorder` (the hostpath provisioner's, `provisioned`), its list+watch of the PVs
+this node provisioned runs too and is read before (4), and the claims of those PVs stay tracked
+(and their first copy awaited before (4)) even when no pod of this node uses them: the provisioner
+deletes a volume whose claim is gone, so a claim merely not read yet must never look gone. An
+unbound claim of a pod brings its StorageClass along (tracked by the same strategy), which says
+whether this node provisions it. So do the unbound claims the scheduler selected this node for
+(`selected`): their pods get a node only once the claim is bound.
+
 Pods are converted by the manifest source's converter (`fusevol.source.manifest.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
 convert keeps its previous version (one ERROR line). Failed volumes are reported as Events by
@@ -26,6 +34,7 @@ Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), str
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -53,6 +62,7 @@ from fusevol.source.kube.objects import (
     convert,
 )
 from fusevol.source.kube.reflector import Query, Reflector
+from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
 if TYPE_CHECKING:
@@ -61,6 +71,7 @@ if TYPE_CHECKING:
     from fusevol.cache.store import ObjectStore
     from fusevol.settings import KubeSettings
     from fusevol.source.kube.client import KubeClient, Obj
+    from fusevol.source.kube.provisioned import KubeVolumeRecorder
 
 log = logging.getLogger(__name__)
 
@@ -84,9 +95,21 @@ class KubeSourceStatistics:
 
 class KubeSource:
     def __init__(
-        self, *, client: KubeClient, node_name: str, store: ObjectStore, settings: KubeSettings
+        self,
+        *,
+        client: KubeClient,
+        node_name: str,
+        store: ObjectStore,
+        settings: KubeSettings,
+        recorder: KubeVolumeRecorder | None = None,
     ) -> None:
         self._client = client
+        self._recorder = recorder
+        self._selected = (
+            None
+            if recorder is None
+            else SelectedClaims(client=client, node_name=node_name, on_change=self._claim_changed)
+        )
         self._node_name = node_name
         self._store = store
         self._settings = settings
@@ -131,6 +154,14 @@ class KubeSource:
             )
             nursery.start_soon(pods.run)
             await pods.synced.wait()
+            if self._recorder is not None:
+                self._recorder.on_change = self._claim_changed
+                nursery.start_soon(self._recorder.run)
+                if self._selected is not None:
+                    nursery.start_soon(self._selected.run)
+                await self._recorder.synced.wait()
+                self._objects.set_wanted(self._wanted())
+                await self._objects.ensure(self._recorder.claim_keys(), timeout_s=math.inf)
             self._store.mark_synced()  # (4)
             log.info(
                 "kubernetes source synced server=%s node=%s pods=%d change_detection=%s",
@@ -186,10 +217,10 @@ class KubeSource:
         # (2) The claims first: the volumes they are bound to are known once they are read.
         ensured: set[ObjectKey] = set()
         while wanted := self._references(changed) - ensured:
-            self._objects.set_wanted(self._references(self._pods.values()))
+            self._objects.set_wanted(self._wanted())
             await self._objects.ensure(wanted, timeout_s=REFERENCE_TIMEOUT_S)
             ensured |= wanted
-        self._objects.set_wanted(self._references(self._pods.values()))
+        self._objects.set_wanted(self._wanted())
         await self.tokens.ensure(changed)
         # (3)
         for pod in pods:
@@ -198,9 +229,21 @@ class KubeSource:
         self.events.forget({pod.uid for pod in self._pods.values()})
 
     def _claim_changed(self) -> None:
-        """A claim was bound (or rebound): track the volume it names."""
+        """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
+        it names, the claims they are for."""
         if self._objects is not None:
-            self._objects.set_wanted(self._references(self._pods.values()))
+            self._objects.set_wanted(self._wanted())
+
+    def _wanted(self) -> set[ObjectKey]:
+        """Everything to track: the pods' references, the claims of the PVs provisioned here, the
+        claims selected for this node (and what they reference)."""
+        keys = self._references(self._pods.values())
+        if self._recorder is not None:
+            keys |= self._recorder.claim_keys()
+        if self._selected is not None:
+            for key in self._selected.keys:
+                keys |= self._claim_references(key)
+        return keys
 
     def _references(self, pods: Iterable[Pod]) -> set[ObjectKey]:
         keys: set[ObjectKey] = set()
@@ -224,13 +267,22 @@ class KubeSource:
                         keys.add(ObjectKey(Kind.SECRET, namespace, projection.name))
                 return keys
             case PersistentVolumeClaimVolumeSource(claim_name=name):
-                claim_key = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
-                claim = self._store.get(claim_key, PersistentVolumeClaim)
-                if claim is None or not claim.volume_name:
-                    return {claim_key}
-                return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
+                return self._claim_references(
+                    ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
+                )
             case _:
                 return set()
+
+    def _claim_references(self, claim_key: ObjectKey) -> set[ObjectKey]:
+        """The claim, and its volume once bound, else its class (which says who provisions it)."""
+        claim = self._store.get(claim_key, PersistentVolumeClaim)
+        if claim is None:
+            return {claim_key}
+        if not claim.volume_name:
+            if not claim.storage_class_name:
+                return {claim_key}
+            return {claim_key, ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)}
+        return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
 
 
 def _key_of(raw: Obj) -> ObjectKey:

@@ -1,0 +1,172 @@
+"""KubeVolumeRecorder: the PersistentVolumes this node provisioned, as API objects.
+
+The Kubernetes API source's `VolumeRecorder` (`fusevol.provision.hostpath`), as a node-local
+external-provisioner would do it:
+
+- `record` creates the PV the core describes (a `local` PV, required node affinity to this node,
+  claimRef to the claim with its uid, reclaim policy, capacity, the
+  `pv.kubernetes.io/provisioned-by` annotation), labelled `fusevol.io/node=<node>` so that this
+  node lists only its own. Nothing else: kube-controller-manager's PV controller binds the claim to
+  a PV pre-bound by claimRef (`spec.volumeName`, both `Bound`), and the claim's watch brings that
+  to the node like any other binding. An AlreadyExists (a restart between the create and its
+  answer, or a list not caught up) is fine: the existing PV is read back and kept, if it is ours.
+- `provisioned` answers from a mirror: one list+watch of PVs with that label (a `Reflector`),
+  keeping those whose annotation and node affinity say this node provisioned them. The source
+  waits for its first list before it reports synced, so nothing is reclaimed from a half-read
+  world; `record` and `forget` update the mirror at once with what the API answered.
+- `release` is a no-op: the PV controller marks the PV `Released` when its claim goes.
+- `forget` deletes the PV (absent already is fine).
+
+The claims of these PVs must stay known while the PVs exist, even when no pod of this node uses
+them (the core reclaims a PV whose claim is gone): the source tracks them, `claim_keys()`.
+
+Excludes: what is provisioned and when (`fusevol.provision`), the directory, tracking the claims
+(`source`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.model import Kind, ObjectKey, PersistentVolume
+from fusevol.source.kube.client import ApiError
+from fusevol.source.kube.objects import convert
+from fusevol.source.kube.reflector import Query, Reflector
+from fusevol.source.provisioned import to_document
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fusevol.source.kube.client import KubeClient, Obj
+
+log = logging.getLogger(__name__)
+
+NODE_LABEL = "fusevol.io/node"
+"""On every PV this agent creates: the node that provisioned it (and holds its directory)."""
+PROVISIONED_BY = "pv.kubernetes.io/provisioned-by"
+
+
+class KubeVolumeRecorder:
+    def __init__(
+        self,
+        *,
+        client: KubeClient,
+        node_name: str,
+        provisioner: str,
+    ) -> None:
+        """`provisioner`: the `provisioned-by` annotation value of the PVs kept."""
+        self._client = client
+        self._node_name = node_name
+        self._provisioner = provisioner
+        self._origin = client.host
+        self._volumes: dict[str, PersistentVolume] = {}
+        self.on_change: Callable[[], None] = lambda: None
+        """Called when the set of recorded PVs (or their claims) changed."""
+        self.reflector = Reflector(
+            client=client,
+            query=Query(Kind.PERSISTENT_VOLUME, None, "", f"{NODE_LABEL}={node_name}"),
+            on_replace=self._replace,
+            on_event=self._event,
+            limiter=trio.CapacityLimiter(2),  # one list or watch at a time, one being abandoned
+        )
+
+    @property
+    def synced(self) -> trio.Event:
+        """Set after the first complete list."""
+        return self.reflector.synced
+
+    async def run(self) -> None:
+        """Mirror this node's PVs until cancelled."""
+        await self.reflector.run()
+
+    def claim_keys(self) -> set[ObjectKey]:
+        """The claims the recorded PVs are pre-bound or bound to."""
+        return {
+            ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, *pv.claim_ref)
+            for pv in self._volumes.values()
+            if pv.claim_ref is not None
+        }
+
+    # -- VolumeRecorder ----------------------------------------------------------------------------
+
+    def provisioned(self) -> tuple[PersistentVolume, ...]:
+        return tuple(self._volumes.values())
+
+    async def record(self, pv: PersistentVolume) -> None:
+        if pv.name in self._volumes:
+            return
+        document = to_document(pv)
+        del document["metadata"]["resourceVersion"]
+        document["metadata"]["labels"] = {NODE_LABEL: self._node_name}
+        created: Obj | None
+        try:
+            created = await trio.to_thread.run_sync(self._client.create_persistent_volume, document)
+        except ApiError as exc:
+            if exc.code != 409:
+                raise
+            created = await trio.to_thread.run_sync(
+                lambda: self._client.get(Kind.PERSISTENT_VOLUME, namespace="", name=pv.name)
+            )
+            if created is None:  # deleted meanwhile: the next attempt creates it again
+                raise
+        created.setdefault("kind", "PersistentVolume")
+        created.setdefault("apiVersion", "v1")
+        obj = convert(created, origin=self._origin)
+        if not isinstance(obj, PersistentVolume) or not self._ours(obj):
+            raise ApiError(409, "AlreadyExists", f"persistentvolume {pv.name} exists, not ours")
+        self._put(obj)
+        log.info("persistentvolume created pv=%s claim=%s/%s", pv.name, *(pv.claim_ref or ("", "")))
+
+    async def release(self, pv: PersistentVolume) -> None:
+        """The PV controller marks it `Released`; nothing to do here."""
+
+    async def forget(self, pv: PersistentVolume) -> None:
+        deleted = await trio.to_thread.run_sync(self._client.delete_persistent_volume, pv.name)
+        if self._volumes.pop(pv.name, None) is not None:
+            self.on_change()
+        if deleted:
+            log.info("persistentvolume deleted pv=%s", pv.name)
+
+    # -- the mirror --------------------------------------------------------------------------------
+
+    async def _replace(self, items: list[Obj]) -> None:
+        volumes = {}
+        for raw in items:
+            obj = convert(raw, origin=self._origin)
+            if isinstance(obj, PersistentVolume) and self._ours(obj):
+                volumes[obj.name] = obj
+        if volumes != self._volumes:
+            self._volumes = volumes
+            self.on_change()
+
+    async def _event(self, kind: str, raw: Obj) -> None:
+        if kind == "DELETED":
+            name = str((raw.get("metadata") or {}).get("name", ""))
+            if self._volumes.pop(name, None) is not None:
+                self.on_change()
+            return
+        obj = convert(raw, origin=self._origin)
+        if isinstance(obj, PersistentVolume) and self._ours(obj):
+            self._put(obj)
+
+    def _put(self, pv: PersistentVolume) -> None:
+        old = self._volumes.get(pv.name)
+        if old is not None and _newer(old.resource_version, pv.resource_version):
+            return  # the create's answer after the watch brought a later version
+        self._volumes[pv.name] = pv
+        if old is None or old.claim_ref != pv.claim_ref:
+            self.on_change()
+
+    def _ours(self, pv: PersistentVolume) -> bool:
+        return (
+            pv.annotations.get(PROVISIONED_BY) == self._provisioner
+            and self._node_name in pv.node_names
+        )
+
+
+def _newer(a: str, b: str) -> bool:
+    """resourceVersion `a` is later than `b` (opaque to clients, but etcd's are integers)."""
+    return a.isdigit() and b.isdigit() and int(a) > int(b)
