@@ -99,6 +99,8 @@ class ServedVolumes:
         self._users: dict[bytes, set[tuple[PodUID, str]]] = {}
         """Each subtree's users, (pod uid, volume directory name): it goes with the last one."""
         self._subtree_of: dict[tuple[PodUID, str], bytes] = {}
+        self._covered: dict[tuple[PodUID, str], list[bytes]] = {}
+        """Subtrees still bound below a volume's top bind, after its spec changed (`refresh`)."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
 
@@ -137,10 +139,11 @@ class ServedVolumes:
         if bound is not None and bound != name:
             # The pod's volume spec changed (an edited manifest): its files are no longer those
             # of the subtree it shares. Served from the right one, bound on top of the old bind,
-            # which goes with the volume (`tear_down` unmounts the whole stack).
+            # which goes with the volume (`tear_down` unmounts the whole stack, then releases
+            # the subtrees below: a subtree is never removed while a bind of it remains).
             await self._serve(volume, payload, name)
             await self._bind(volume, self.path(volume))
-            await self._release(user, bound)
+            self._covered.setdefault(user, []).append(bound)
             return inputs
         async with self._locks[name]:
             published = await self._publish(name, volume, payload)
@@ -156,6 +159,8 @@ class ServedVolumes:
         await self._backend.unmount(target)
         await trio.to_thread.run_sync(_remove_dir, target)
         user = (uid, spec_name)
+        for covered in self._covered.pop(user, []):
+            await self._release(user, covered)
         await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
 
     async def _serve(self, volume: VolumeToServe, payload: Payload, name: bytes) -> None:
