@@ -28,14 +28,10 @@ from bench import (
     cold_throughput,
     fanout,
     many_volumes,
+    percentile,
     read_path,
     update_latency,
 )
-
-
-def _percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(fraction * len(ordered)) - 1)]
 
 
 def _row(what: str, fusevol: str, baseline: str, ratio: str) -> None:
@@ -70,7 +66,7 @@ def main() -> None:
         what = f"1-2 {label} read, 1 KiB key, open+read+close"
         _row(what, f"{f:.1f} µs", f"tmpfs, kubelet layout {t:.1f} µs", f"{f / t:.2f}x the time")
     for what, latencies in (("manifest save", updates), ("API write", api_updates)):
-        p50, p99 = statistics.median(latencies), _percentile(latencies, 0.99)
+        p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
         _row(
             f"3   update, {what} -> visible ({edits})",
             f"p50 {p50 * 1e3:.1f} ms, p99 {p99 * 1e3:.1f} ms",

@@ -16,12 +16,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, percentile, update_latencies
 from tests.agent import NODE, running_agent, wait_for
 from tests.helpers.apiserver import running_apiserver
 
@@ -53,15 +52,7 @@ def measure(updates: int) -> list[float]:
         ) as agent:
             key = agent.volume(UID, "configmap", "config") / "key"
             wait_for(lambda: key.read_text() == "start")
-            latencies = []
-            for i in range(updates):
-                value = f"v{i}"
-                started = time.perf_counter()
-                api.update(configmap(value))
-                while key.read_text() != value:
-                    pass
-                latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
+            latencies = update_latencies(key, lambda value: api.update(configmap(value)), updates)
             agent.stop()
     return latencies
 
@@ -73,7 +64,7 @@ def main() -> None:
     measured = measure(args.updates)
     latencies = sorted(measured)
     p50 = statistics.median(latencies)
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * len(latencies)) - 1)]
+    p99 = percentile(latencies, 0.99)
     first20 = statistics.median(measured[:20])
     print(f"{'update propagation (API write -> visible)':<48} {'p50':>9} {'p99':>9}")
     label = f"fusevol, {args.updates} updates"

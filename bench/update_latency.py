@@ -14,12 +14,11 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, percentile, update_latencies
 from tests.agent import running_agent, wait_for, write_atomically
 
 UID = "bbbbbbbb-0000-4000-8000-000000000001"
@@ -41,15 +40,13 @@ def measure(edits: int) -> list[float]:
         with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
             key = agent.volume(UID, "configmap", "config") / "key"
             wait_for(lambda: key.read_text() == "start")
-            latencies = []
-            for i in range(edits):
-                value = f"v{i}"
-                started = time.perf_counter()
-                write_atomically(manifests / "cm.yaml", CONFIGMAP.format(value=value))
-                while key.read_text() != value:
-                    pass
-                latencies.append(time.perf_counter() - started)
-                time.sleep(0.02)
+            latencies = update_latencies(
+                key,
+                lambda value: write_atomically(
+                    manifests / "cm.yaml", CONFIGMAP.format(value=value)
+                ),
+                edits,
+            )
             agent.stop()
     return latencies
 
@@ -60,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     latencies = sorted(measure(args.edits))
     p50 = statistics.median(latencies)
-    p99 = latencies[min(len(latencies) - 1, round(0.99 * len(latencies)) - 1)]
+    p99 = percentile(latencies, 0.99)
     print(f"{'update propagation (manifest save -> visible)':<48} {'p50':>9} {'p99':>9}")
     print(f"{'fusevol, ' + str(args.edits) + ' edits':<48} {p50 * 1e3:>7.2f}ms {p99 * 1e3:>7.2f}ms")
     print(f"{'kubelet, documented bound (sync + cache TTL)':<48} {'60-120s':>9}")
