@@ -315,27 +315,34 @@ class Agent:
                             task_status.started()
                 finally:
                     _sd_notify(b"STOPPING=1")
-                    if self.handover:
-                        lock.mark_handing_over()
-                        log.info("handing over: pod volumes stay mounted for the next agent")
-                    else:
-                        with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
-                            await self.reconciler.unmount_all()
-                            await unmount_all_below(self.backend, layout.pods_dir(root))
-                            await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
-                        if predecessor is not None:  # its binds went with ours
-                            with trio.CancelScope(shield=True):
-                                await predecessor.release()
-                    self._publisher_scope.cancel()
-                    if self.handover and self._launcher is not None:
-                        with self._lame_duck:
-                            await self._serve_as_lame_duck(lock)
-                    fuse_scope.cancel()
-                    fuse_nursery.cancel_scope.cancel()
+                    try:
+                        if self.handover:
+                            lock.mark_handing_over()
+                            log.info("handing over: pod volumes stay mounted for the next agent")
+                        else:
+                            await self._tear_down(predecessor)
+                        self._publisher_scope.cancel()
+                        if self.handover and self._launcher is not None:
+                            with self._lame_duck:
+                                await self._serve_as_lame_duck(lock)
+                    finally:  # whatever failed above: the FUSE server must stop, or we never exit
+                        fuse_scope.cancel()
+                        fuse_nursery.cancel_scope.cancel()
         finally:
             lock.release()
             if self._launcher is not None:
                 self._launcher.close()
+
+    async def _tear_down(self, predecessor: Predecessor | None) -> None:
+        """SIGINT's stop: every pod volume unmounted, the pod directories removed."""
+        root = self.settings.root
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
+            await self.reconciler.unmount_all()
+            await unmount_all_below(self.backend, layout.pods_dir(root))
+            await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+        if predecessor is not None:  # its binds went with ours
+            with trio.CancelScope(shield=True):
+                await predecessor.release()
 
     def stop(self, *, handover: bool) -> None:
         """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps

@@ -175,7 +175,7 @@ class Reconciler:
         for mounted in self._actual.mounted_volumes():
             try:
                 await self._unmount(mounted)
-            except FusevolError as exc:
+            except Exception as exc:  # one volume's failure must not keep the others mounted
                 log.error("unmount failed volume=%s error=%s", mounted.name, exc)
 
     # -- operations --------------------------------------------------------------------------------
