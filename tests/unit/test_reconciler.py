@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import errno
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, NamedTuple, cast
@@ -101,6 +102,8 @@ class FakeVolumes:
         )
         self.calls: list[Call] = []
         self.failing: set[UniqueVolumeName] = set()
+        self.failure: Callable[[str], Exception] = VolumeSetupError
+        """What a failing operation raises."""
         self.removed_pod_dirs: list[PodUID] = []
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
@@ -142,7 +145,7 @@ class FakeVolumes:
     def _record(self, operation: str, name: UniqueVolumeName) -> None:
         self.calls.append(Call(operation, name, trio.current_time()))
         if name in self.failing:
-            raise VolumeSetupError(f"injected {operation} failure")
+            raise self.failure(f"injected {operation} failure")
 
 
 class RecordingExecutor(Executor):
@@ -399,6 +402,24 @@ async def test_failing_tear_down_is_retried_and_the_volume_stays_mounted(
 
     assert served.volumes.calls[1:] == [Call("tear_down", A_CFG, 4 + t) for t in BACKOFF_TIMES]
     [error] = error_lines(caplog)
+    assert "injected tear_down failure" in error
+
+
+async def test_unmount_all_goes_on_past_a_volume_whose_tear_down_fails(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A clean stop unmounts every other volume, whatever one of them raises (an OSError from
+    the kernel here): an exception escaping it once left the agent serving forever."""
+    world.add(CM, POD_A, POD_B)
+    await world.start()
+    await wait_until(lambda: A_CFG in world.actual and B_CFG in world.actual)
+    world.volumes.failing.add(A_CFG)
+    world.volumes.failure = lambda message: OSError(errno.EBUSY, message)
+    await world.reconciler.unmount_all()
+    assert B_CFG not in world.actual
+    assert A_CFG in world.actual
+    [error] = error_lines(caplog)
+    assert "unmount failed" in error
     assert "injected tear_down failure" in error
 
 
