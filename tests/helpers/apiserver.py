@@ -27,6 +27,14 @@ the middle of an event), `compact()` (history gone: resuming watches get 410), `
 cache), `token_lifetime_s` (the server shortens tokens, as `--service-account-max-token-expiration`
 may). `requests` records every request for assertions.
 
+`set_fault(mode)` makes the server misbehave until `set_fault(None)`, each mode as a sick API
+server or the network in front of it does, for new requests and for the watches already open:
+`"500"` answers every request with a 500 InternalError Status (open watches end); `"410"` answers
+every watch with an ERROR event carrying a 410 Expired Status (lists and gets still work; open
+watches get it too); `"stall"` reads each request and sends nothing, not even headers, until the
+fault is cleared, then answers it (open watches deliver nothing meanwhile); `"drop"` closes every
+connection right after accepting it (open ones are reset).
+
 `PvController` stands in for kube-controller-manager's PV controller, which no test machine runs:
 the binding of claims to PVs pre-bound by claimRef, and the release of PVs whose claim went. It
 runs after every change, inside the server's lock (`pv_controller = False` turns it off).
@@ -84,6 +92,9 @@ class ApiError(Exception):
         }
 
 
+FAULTS = ("500", "410", "stall", "drop")
+
+
 @dataclass(frozen=True)
 class Request:
     method: str
@@ -121,6 +132,10 @@ class ApiServer:
         self.tokens_issued: list[Obj] = []
         self.service_accounts: set[tuple[str, str]] = set()
         self.pv_controller = True
+        self.fault: str | None = None
+        """One of `FAULTS`, set with `set_fault`."""
+        self.dropped = 0
+        """Connections closed unread by the "drop" fault."""
         self._cond = threading.Condition()
         self._rv = 100
         self._objects: dict[tuple[str, str, str], Obj] = {}
@@ -248,6 +263,19 @@ class ApiServer:
             self._history.compacted = self._rv
             self._history.events.clear()
 
+    def set_fault(self, mode: str | None) -> None:
+        """Start misbehaving as `mode` (one of `FAULTS`), or stop (None); see the docstring."""
+        assert mode is None or mode in FAULTS, mode
+        with self._cond:
+            self.fault = mode
+            if mode == "500":  # open watches end cleanly; re-watching meets the 500s
+                self._watches.clear()
+            elif mode == "drop":
+                for sock in list(self._connections):
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
+            self._cond.notify_all()
+
     def open_watches(self, resource: str | None = None) -> list[tuple[str, str | None, str]]:
         """(resource, namespace, fieldSelector) of every watch being served now."""
         with self._cond:
@@ -370,6 +398,15 @@ class ApiServer:
             self.events[(namespace, name)] = merged
             return merged
 
+    def _stalled(self, connection: socket.socket) -> bool:
+        """While the fault is "stall", hold a request unanswered. True if its client left."""
+        with self._cond:
+            while self.fault == "stall":
+                if _hung_up(connection):
+                    return True
+                self._cond.wait(0.05)
+        return False
+
     def _serve_watch(self, handler: _Handler, watch: _Watch) -> None:
         """Stream events until the timeout, a cut, or the server goes away."""
         selector = _selector(watch.resource, watch.query)
@@ -377,7 +414,9 @@ class ApiServer:
         bookmarks = watch.query.get("allowWatchBookmarks") == "true"
         since = watch.query.get("resourceVersion", "")
         with self._cond:
-            if since not in ("", "0") and int(since) < self._history.compacted:
+            if self.fault == "410" or (
+                since not in ("", "0") and int(since) < self._history.compacted
+            ):
                 message = f"too old resource version: {since} ({self._history.compacted})"
                 handler.send_chunk(
                     {"type": "ERROR", "object": ApiError(410, "Expired", message).status()}
@@ -404,6 +443,16 @@ class ApiServer:
                             if watch.cut:
                                 handler.send_chunk({"type": "MODIFIED", "object": {}}, cut=True)
                             return
+                        if self.fault == "410":
+                            message = "too old resource version (fault injected)"
+                            status = ApiError(410, "Expired", message).status()
+                            handler.send_chunk({"type": "ERROR", "object": status})
+                            return
+                        if self.fault == "stall":  # hold every event; notice a client leaving
+                            if _hung_up(watch.connection):
+                                return
+                            self._cond.wait(0.05)
+                            continue
                         events = [
                             e
                             for e in self._history.events
@@ -450,6 +499,10 @@ class _HTTPServer(http.server.ThreadingHTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self.api._cond:
+            if self.api.fault == "drop":
+                self.api.dropped += 1
+                self.shutdown_request(request)
+                return
             self.api._connections.add(request)
         super().process_request(request, client_address)
 
@@ -489,6 +542,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else {}
         try:
+            if api._stalled(self.connection):
+                self.close_connection = True
+                return
+            if api.fault == "500":
+                raise ApiError(500, "InternalError", "Internal error occurred (fault injected)")
             if self.headers.get("Authorization") != f"Bearer {TOKEN}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
             self._route(method, url.path, query, body)
