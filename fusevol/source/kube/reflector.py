@@ -10,7 +10,10 @@ client-go's reflector (and kopf's watch loop), as small stages:
 3. The stream ends (the server's `timeoutSeconds`, randomised in [5, 10) min like client-go's):
    watch again from the last resourceVersion (2).
 4. ERROR 410 Gone (the version was compacted away, or a restarted API server's watch cache starts
-   later): relist at once (1), and `on_replace` converges the mirror.
+   later): relist (1), and `on_replace` converges the mirror. The first time at once; a 410
+   again before the new watch delivered anything (a server whose watch cache is broken) waits
+   the same backoff as (5), as client-go's reflector waits its backoff before every relist:
+   never a tight list-watch loop against a sick server.
 5. Any other failure (connection refused or reset, a watch cut mid-event, a 5xx): wait with
    exponential backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the
    last resourceVersion, or relist if there is none. Nothing is dropped meanwhile: what was
@@ -106,6 +109,9 @@ class Reflector:
         self._on_event = on_event
         self._limiter = limiter
         self._backoff = backoff or Backoff()
+        self._expiring = False
+        """A 410 came, and no event since: (4) backs off on the next one."""
+        self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
         self.synced = trio.Event()
         self.stats = ReflectorStatistics()
         self._version = ""
@@ -120,9 +126,7 @@ class Reflector:
                 await self._watch()  # (2), (3)
             except ApiError as exc:
                 if exc.code == 410:  # (4)
-                    self.stats.expired += 1
-                    log.info("watch expired, relisting query=%s: %s", self.query, exc)
-                    self._version = ""
+                    await self._expired(exc)
                     continue
                 await self._failed(exc)  # (5)
             except ApiUnavailable as exc:
@@ -179,6 +183,8 @@ class Reflector:
                 version = str(obj.get("metadata", {}).get("resourceVersion") or version)
                 self._version = self.stats.resource_version = version
                 self._backoff.reset()
+                self._expiring = False
+                self._expiry_backoff.reset()
                 if kind == "BOOKMARK":
                     self.stats.bookmarks += 1
                     continue
@@ -186,6 +192,17 @@ class Reflector:
                 await self._on_event(str(kind), obj)
         finally:
             stream.close()
+
+    async def _expired(self, exc: ApiError) -> None:
+        self.stats.expired += 1
+        self._version = ""
+        if not self._expiring:
+            self._expiring = True
+            log.info("watch expired, relisting query=%s: %s", self.query, exc)
+            return
+        delay = self._expiry_backoff.next_delay()
+        log.debug("watch expired again, relisting query=%s in=%.1fs: %s", self.query, delay, exc)
+        await trio.sleep(delay)
 
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
