@@ -68,7 +68,8 @@ def test_a_sick_api_server_changes_nothing_served_and_the_agent_converges_after(
                 time.sleep(0.2)
             assert agent.agent_alive()
             during, bound = api.count("GET", "configmaps") - before, MAX_REQUESTS
-            if mode == "drop":  # connections closed unread, of the 4 reflectors (see above)
+            if mode == "drop":  # closed unread, so counted for the pods', the ConfigMap's,
+                # the PVs' and the claims' reflectors together
                 during, bound = api.dropped - dropped, 4 * MAX_REQUESTS
         finally:
             api.set_fault(None)
@@ -87,5 +88,5 @@ def test_a_sick_api_server_changes_nothing_served_and_the_agent_converges_after(
         assert len(errors) <= MAX_ERROR_LINES, log
         if mode == "410":
             assert "watch expired, relisting" in log, log
-        elif mode != "stall":  # a stall is only a slow answer: nothing fails within FAULT_S
+        else:  # for a stall: the cut watches; the stalled ones wait (well within the timeout)
             assert "watch failed" in log, log
