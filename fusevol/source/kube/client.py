@@ -42,6 +42,10 @@ Obj = dict[str, Any]
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 """For lists, gets and posts; a watch waits longer (see `open_watch`)."""
+WATCH_SILENCE_S = 150.0
+"""A watch silent this long is given up and resumed from its resourceVersion: the API server's
+watch cache sends a bookmark about every minute (cacher.go `bookmarkFrequency`), so this much
+silence is a connection that died without a word (no HTTP/2 health check here, unlike client-go)."""
 _IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 
@@ -183,7 +187,7 @@ class KubeClient:
         label_selector: str = "",
     ) -> WatchStream:
         """Start a watch from `resource_version`, bookmarks requested. The server ends it after
-        `timeout_s`; a silent connection is given up a little later."""
+        `timeout_s`; a connection silent for WATCH_SILENCE_S is given up before that."""
         response = self._open(
             *_list_call(kind, namespace),
             field_selector=field_selector or None,
@@ -192,7 +196,7 @@ class KubeClient:
             resource_version=resource_version,
             allow_watch_bookmarks=True,
             timeout_seconds=timeout_s,
-            _request_timeout=(CONNECT_TIMEOUT_S, timeout_s + REQUEST_TIMEOUT_S),
+            _request_timeout=(CONNECT_TIMEOUT_S, WATCH_SILENCE_S),  # per read, not in total
             _group=RESOURCES[kind].group,
         )
         return WatchStream(response)
