@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 AGENT_ARGS = ("--log-level", "info")
@@ -32,3 +34,14 @@ def percentile(values: list[float], fraction: float) -> float:
     """The nearest-rank percentile: `fraction` 0.99 gives p99."""
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(fraction * len(ordered)) - 1)]
+
+
+@contextlib.contextmanager
+def tmpfs(path: Path) -> Iterator[Path]:
+    """A fresh tmpfs at `path` (created, with its parents) for the block: kubelet's medium."""
+    path.mkdir(parents=True, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(path)], check=True)
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -24,8 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
-from bench.read_path import tmpfs
+from bench import AGENT_ARGS, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for

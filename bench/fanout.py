@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,7 +22,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
@@ -96,24 +95,20 @@ def fusevol(n: int) -> tuple[float, float, float, float]:
 
 def kubelet(n: int) -> tuple[float, float, int]:
     """(set-up s, update s, bytes written per pass) for N AtomicWriter copies on a tmpfs."""
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run(["mount", "-t", "tmpfs", "tmpfs", tmp], check=True)
-        try:
-            dirs = [Path(tmp) / f"v{i}" for i in range(n)]
-            for d in dirs:
-                d.mkdir()
-            first = {"blob": FileProjection(b"a" * SIZE, 0o644)}
-            second = {"blob": FileProjection(b"b" * SIZE, 0o644)}
-            started = time.perf_counter()
-            for d in dirs:
-                kubelet_reference.write(d, first)
-            setup = time.perf_counter() - started
-            started = time.perf_counter()
-            for d in dirs:
-                kubelet_reference.write(d, second)
-            update = time.perf_counter() - started
-        finally:
-            subprocess.run(["umount", tmp], check=True)
+    with tempfile.TemporaryDirectory() as tmp, tmpfs(Path(tmp)) as base:
+        dirs = [base / f"v{i}" for i in range(n)]
+        for d in dirs:
+            d.mkdir()
+        first = {"blob": FileProjection(b"a" * SIZE, 0o644)}
+        second = {"blob": FileProjection(b"b" * SIZE, 0o644)}
+        started = time.perf_counter()
+        for d in dirs:
+            kubelet_reference.write(d, first)
+        setup = time.perf_counter() - started
+        started = time.perf_counter()
+        for d in dirs:
+            kubelet_reference.write(d, second)
+        update = time.perf_counter() - started
     return setup, update, n * SIZE
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
@@ -79,18 +78,14 @@ def _reads(key: Path, expected: bytes) -> bool:
         return False
 
 
-def _kubelet_writer(base: Path, n: int) -> float:
-    base.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(base)], check=True)
-    try:
+def _kubelet_writer(path: Path, n: int) -> float:
+    with tmpfs(path) as base:
         started = time.perf_counter()
         for i in range(n):
             volume = base / f"v{i}"
             volume.mkdir()
             kubelet_reference.write(volume, {"key": FileProjection(f"value-{i}".encode(), 0o644)})
         return time.perf_counter() - started
-    finally:
-        subprocess.run(["umount", str(base)], check=True)
 
 
 def main() -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import importlib.metadata
 import json
 import os
@@ -30,14 +29,14 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, tmpfs
 from fusevol import layout
 from fusevol.model import FileProjection, PodUID
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
 
     from tests.agent import AgentProcess
 
@@ -166,16 +165,6 @@ def measure_cold(
             reader.wait_switched(setup.key, old)
             setup.expected = value(version)
             setup.cold_ns += setup.read(reader, 1, setup.cold_calls)
-
-
-@contextlib.contextmanager
-def tmpfs(path: Path) -> Iterator[Path]:
-    path.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(path)], check=True)
-    try:
-        yield path
-    finally:
-        subprocess.run(["umount", str(path)], check=True)
 
 
 def run(base: Path, *, iterations: int, versions: int) -> tuple[list[Setup], str]:
