@@ -271,11 +271,6 @@ class Operations(pyfuse3.Operations):
         return attrs
 
 
-def is_thread_of_this_process(pid: int) -> bool:
-    """True if `pid` (a FUSE request's thread id) is one of this process's threads."""
-    return pid > 0 and os.path.exists(f"/proc/self/task/{pid}")
-
-
 def _call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
     try:
         return fn(*args, **kwargs)

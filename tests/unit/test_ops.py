@@ -10,15 +10,13 @@ from __future__ import annotations
 import errno
 import os
 import stat
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
 import pyfuse3
 import pytest
-import trio
 
-from fusevol.fuse.ops import Operations, is_thread_of_this_process
+from fusevol.fuse.ops import Operations
 from fusevol.fuse.tree import ROOT_INODE, Node, Tree
 from fusevol.model import FileProjection
 
@@ -539,14 +537,3 @@ async def test_missing_inode_is_enoent(
     mount: Mount, operation: Callable[[Mount], Awaitable[object]]
 ) -> None:
     assert await fuse_errno(operation(mount)) == errno.ENOENT
-
-
-# -- who is the agent ------------------------------------------------------------------------------
-
-
-async def test_is_thread_of_this_process() -> None:
-    worker_tid = await trio.to_thread.run_sync(threading.get_native_id)
-    assert is_thread_of_this_process(os.getpid())
-    assert is_thread_of_this_process(worker_tid)
-    assert not is_thread_of_this_process(0)
-    assert not is_thread_of_this_process(os.getppid())
