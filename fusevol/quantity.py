@@ -17,7 +17,7 @@ Deliberate differences, neither reachable from a quantity the API server would p
   releases wrapped around or returned 0 depending on which internal form the value had.
 
 Excludes: printing quantities (canonical form), quantity arithmetic, and the API server's list of
-allowed divisors (`fusevol.source.volumes`).
+allowed divisors (`fusevol.decode.volume_sources`).
 """
 
 from __future__ import annotations

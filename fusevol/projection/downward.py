@@ -15,8 +15,8 @@ Kubelet computes `int64(math.Ceil(float64(a) / float64(b)))`; so does `_ceil_div
 and amd64's out-of-range conversion included, so that even absurd values print the same digits.
 
 Excludes: the API server's checks (which paths and resources a volume may name, allowed divisors:
-`fusevol.source.volumes`), Go's quoting (`goquote`), quantities (`quantity`), path rules (`paths`),
-and merging several sources into one projected volume.
+`fusevol.decode.volume_sources`), Go's quoting (`goquote`), quantities (`quantity`), path rules
+(`paths`), and merging several sources into one projected volume.
 """
 
 from __future__ import annotations

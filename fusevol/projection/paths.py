@@ -16,7 +16,7 @@ that choice at random).
 Lengths are UTF-8 bytes, as Go's `len()` measures them. Messages quote paths and keys, never file
 contents. Excluded: anything that reads or writes files, and the API server's input validation
 (`IsConfigMapKey`, `ValidateLocalNonReservedPath`), which belongs to a source that has no API
-server in front of it (`fusevol.source.manifest`).
+server in front of it (`fusevol.decode.manifest`).
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ directory is a configMap volume itself, kubelet swaps its `..data` symlink: that
 rescan. If the directory is moved away, its objects stay and its parent is watched until it is
 back, then it is rescanned; `rm -r` deletes the files first, and so their objects.
 
-Excludes: parsing and validation (`fusevol.source.manifest`), the API server source
+Excludes: parsing and validation (`fusevol.decode.manifest`), the API server source
 (`fusevol.source.kube`), and any use of the store's contents (the populator and reconciler).
 """
 
@@ -39,9 +39,9 @@ from typing import TYPE_CHECKING, Any
 import inotify_simple
 import trio
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError
 from fusevol.model import KubeObject, ObjectKey, Pod, ResourceVersion
-from fusevol.source.manifest import parse_manifest
 
 if TYPE_CHECKING:
     import pathlib

@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError, VolumeSetupError
 from fusevol.model import LocalVolumeSource, PersistentVolume, ResourceVersion
-from fusevol.source.manifest import parse_manifest
 
 if TYPE_CHECKING:
     from pathlib import Path

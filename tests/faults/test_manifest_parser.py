@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import InvalidPayload, ManifestError, VolumeSetupError
 from fusevol.model import (
     ConfigMap,
@@ -27,7 +28,6 @@ from fusevol.model import (
     UnsupportedVolumeSource,
 )
 from fusevol.projection import configmap
-from fusevol.source.manifest import parse_manifest
 from tests.faults import fuzz
 
 if TYPE_CHECKING:

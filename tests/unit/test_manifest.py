@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError
 from fusevol.model import (
     ConfigMap,
@@ -39,7 +40,6 @@ from fusevol.model import (
     VolumeMount,
     VolumeName,
 )
-from fusevol.source.manifest import parse_manifest
 
 ORIGIN = "examples/app.yaml"
 NO_VERSION = ResourceVersion("")
@@ -393,7 +393,7 @@ def test_json(document: dict[str, Any]) -> None:
 
 
 def test_other_kinds_are_logged_at_debug(caplog: pytest.LogCaptureFixture) -> None:
-    caplog.set_level(logging.DEBUG, logger="fusevol.source.manifest")
+    caplog.set_level(logging.DEBUG, logger="fusevol.decode.objects")
     assert parse_manifest(to_yaml({"apiVersion": "v1", "kind": "Service"}), origin=ORIGIN) == []
     assert [r.levelno for r in caplog.records] == [logging.DEBUG]
     assert "Service" in caplog.records[0].getMessage()

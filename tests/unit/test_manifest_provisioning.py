@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError
 from fusevol.model import (
     GitRepoVolumeSource,
@@ -15,7 +16,6 @@ from fusevol.model import (
     ResourceVersion,
     StorageClass,
 )
-from fusevol.source.manifest import parse_manifest
 
 ORIGIN = "m.yaml"
 NO_VERSION = ResourceVersion("")

@@ -5,7 +5,7 @@ else the standard kubeconfig resolution: `$KUBECONFIG`, `~/.kube/config`) and th
 makes: list, watch, get, TokenRequest, Events, and the create/delete of the PersistentVolumes the
 node provisions. Every call blocks, so callers run them in worker
 threads (`trio.to_thread`); results are raw JSON (`_preload_content=False`), so that the one
-converter of `fusevol.source.manifest` reads API objects and manifests alike, and no time goes into
+converter of `fusevol.decode.manifest` reads API objects and manifests alike, and no time goes into
 building client model objects that would be thrown away.
 
 Failures are turned into two exceptions: `ApiError` (the server answered with a Status: 404, 410,

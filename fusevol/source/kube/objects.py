@@ -28,10 +28,10 @@ from typing import TYPE_CHECKING, Protocol
 import cachetools
 import trio
 
+from fusevol.decode.objects import convert_object
 from fusevol.errors import FusevolError, ManifestError
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 from fusevol.source.kube.reflector import Query, Reflector
-from fusevol.source.manifest import convert_object
 
 if TYPE_CHECKING:
     from collections.abc import Callable

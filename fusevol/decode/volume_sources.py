@@ -18,8 +18,9 @@ server compares the canonical form (`1024Ki` passes there) and `fusevol.source` 
 `fusevol.quantity` to compute it. As on the API server, an empty projected source is
 allowed (it projects nothing), and the first error found is the one reported.
 
-Excludes: the other pod fields (`fusevol.source.manifest`), field readers (`_reader`), and what
-kubelet checks again when it renders (`fusevol.projection.downward`).
+Excludes: the other pod fields (`fusevol.decode.objects`), field readers
+(`fusevol.decode.reader`), and what kubelet checks again when it renders
+(`fusevol.projection.downward`).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fusevol import model
+from fusevol.decode.reader import DNS_SUBDOMAIN, describe_type, quote
 from fusevol.model import VolumeName
-from fusevol.source._reader import DNS_SUBDOMAIN, describe_type, quote
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from fusevol.source._reader import Reader
+    from fusevol.decode.reader import Reader
 
 _FIELD_PATHS = (
     "metadata.annotations",

@@ -10,7 +10,7 @@ the exact parse happens where a quantity is used (`fusevol.quantity`), since
 but is no quantity is accepted here and fails when a downwardAPI file reads it; and the few strings
 `ParseQuantity` takes without a leading number (`e3`, `Ki`) are refused here.
 
-Excludes: which fields an object has (`fusevol.source.manifest`, `fusevol.source.volumes`).
+Excludes: which fields an object has (`fusevol.decode.manifest`, `fusevol.decode.volume_sources`).
 """
 
 from __future__ import annotations
