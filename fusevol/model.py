@@ -394,6 +394,29 @@ def token_key(pod: Pod, projection: ServiceAccountTokenProjection) -> ObjectKey:
     return ObjectKey(Kind.SERVICE_ACCOUNT_TOKEN, pod.namespace, name)
 
 
+def referenced_objects(pod: Pod, source: object) -> tuple[ObjectKey, ...]:
+    """The objects whose content a volume of `pod` shows, in projection order: its ConfigMaps and
+    Secrets (in the pod's namespace) and, for projected tokens, where each token is kept. A claim's
+    objects (the claim, its PV or class) are the source's concern: they need the store."""
+    match source:
+        case ConfigMapVolumeSource(name=name):
+            return (ObjectKey(Kind.CONFIG_MAP, pod.namespace, name),)
+        case SecretVolumeSource(secret_name=name):
+            return (ObjectKey(Kind.SECRET, pod.namespace, name),)
+        case ProjectedVolumeSource(sources=sources):
+            keys = []
+            for projection in sources:
+                if isinstance(projection, ConfigMapProjection):
+                    keys.append(ObjectKey(Kind.CONFIG_MAP, pod.namespace, projection.name))
+                elif isinstance(projection, SecretProjection):
+                    keys.append(ObjectKey(Kind.SECRET, pod.namespace, projection.name))
+                elif isinstance(projection, ServiceAccountTokenProjection):
+                    keys.append(token_key(pod, projection))
+            return tuple(keys)
+        case _:
+            return ()
+
+
 @dataclass(frozen=True, slots=True)
 class StorageClass:
     """A `storage.k8s.io/v1` StorageClass (cluster-scoped): who provisions its claims, and how."""

@@ -40,7 +40,6 @@ from fusevol.fsutil import mkdir_all
 from fusevol.layout import Plugin
 from fusevol.model import (
     ConfigMap,
-    ConfigMapProjection,
     ConfigMapVolumeSource,
     DownwardAPIProjection,
     DownwardAPIVolumeSource,
@@ -48,10 +47,10 @@ from fusevol.model import (
     ObjectKey,
     ProjectedVolumeSource,
     Secret,
-    SecretProjection,
     SecretVolumeSource,
     ServiceAccountToken,
     ServiceAccountTokenProjection,
+    referenced_objects,
     token_key,
 )
 from fusevol.projection import configmap, downward, ownership, projected, secret
@@ -294,24 +293,7 @@ def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
 
 
 def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
-    namespace = volume.pod.namespace
-    match volume.source:
-        case ConfigMapVolumeSource(name=name):
-            return (ObjectKey(Kind.CONFIG_MAP, namespace, name),)
-        case SecretVolumeSource(secret_name=name):
-            return (ObjectKey(Kind.SECRET, namespace, name),)
-        case ProjectedVolumeSource(sources=sources):
-            keys = []
-            for projection in sources:
-                if isinstance(projection, ConfigMapProjection):
-                    keys.append(ObjectKey(Kind.CONFIG_MAP, namespace, projection.name))
-                elif isinstance(projection, SecretProjection):
-                    keys.append(ObjectKey(Kind.SECRET, namespace, projection.name))
-                elif isinstance(projection, ServiceAccountTokenProjection):
-                    keys.append(token_key(volume.pod, projection))
-            return tuple(keys)
-        case _:
-            return ()
+    return referenced_objects(volume.pod, volume.source)
 
 
 def _depends_on_pod(volume: VolumeToServe) -> bool:

@@ -22,7 +22,7 @@ unbound claim of a pod brings its StorageClass along (tracked by the same strate
 whether this node provisions it. So do the unbound claims the scheduler selected this node for
 (`selected`): their pods get a node only once the claim is bound.
 
-Pods are converted by the manifest source's converter (`fusevol.source.manifest.convert_object`),
+Pods are converted by the manifest source's converter (`fusevol.decode.objects.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
 convert keeps its previous version (one ERROR line). Failed volumes are reported as Events by
 `events`, which the reconciler reaches through the callback `app.py` gives it.
@@ -41,16 +41,13 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.model import (
-    ConfigMapProjection,
-    ConfigMapVolumeSource,
     Kind,
     ObjectKey,
     PersistentVolumeClaim,
     PersistentVolumeClaimVolumeSource,
     Pod,
-    ProjectedVolumeSource,
-    SecretProjection,
-    SecretVolumeSource,
+    VolumeSource,
+    referenced_objects,
 )
 from fusevol.settings import ChangeDetection
 from fusevol.source.kube.events import EventRecorder
@@ -254,29 +251,21 @@ class KubeSource:
         keys: set[ObjectKey] = set()
         for pod in pods:
             for volume in pod.volumes:
-                keys.update(self._volume_references(pod.namespace, volume.source))
+                keys.update(self._volume_references(pod, volume.source))
         return keys
 
-    def _volume_references(self, namespace: str, source: object) -> set[ObjectKey]:
-        match source:
-            case ConfigMapVolumeSource(name=name):
-                return {ObjectKey(Kind.CONFIG_MAP, namespace, name)}
-            case SecretVolumeSource(secret_name=name):
-                return {ObjectKey(Kind.SECRET, namespace, name)}
-            case ProjectedVolumeSource(sources=sources):
-                keys = set()
-                for projection in sources:
-                    if isinstance(projection, ConfigMapProjection):
-                        keys.add(ObjectKey(Kind.CONFIG_MAP, namespace, projection.name))
-                    elif isinstance(projection, SecretProjection):
-                        keys.add(ObjectKey(Kind.SECRET, namespace, projection.name))
-                return keys
-            case PersistentVolumeClaimVolumeSource(claim_name=name):
-                return self._claim_references(
-                    ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, namespace, name)
-                )
-            case _:
-                return set()
+    def _volume_references(self, pod: Pod, source: VolumeSource) -> set[ObjectKey]:
+        """What to track for one volume: the ConfigMaps and Secrets it shows (tokens are
+        requested, not watched), or a claim's objects."""
+        if isinstance(source, PersistentVolumeClaimVolumeSource):
+            return self._claim_references(
+                ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, pod.namespace, source.claim_name)
+            )
+        return {
+            key
+            for key in referenced_objects(pod, source)
+            if key.kind in (Kind.CONFIG_MAP, Kind.SECRET)
+        }
 
     def _claim_references(self, claim_key: ObjectKey) -> set[ObjectKey]:
         """The claim, and its volume once bound, else its class (which says who provisions it)."""
