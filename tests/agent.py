@@ -36,13 +36,21 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 NODE = "test-node"
+HAS_FUSE = os.geteuid() == 0 and os.path.exists("/dev/fuse")
+"""Real FUSE mounts can be made here (root and /dev/fuse): tests/conftest.py skips without."""
 _T = TypeVar("_T")
 
 
-def mounts_below(root: Path) -> list[str]:
+def mountinfo_below(root: Path) -> list[str]:
+    """The /proc/self/mountinfo lines of the mounts below `root`, in mount order."""
     prefix = str(root.absolute()) + "/"
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+        return [line.strip() for line in f if line.split()[4].startswith(prefix)]
+
+
+def mounts_below(root: Path) -> list[str]:
+    """The mount points below `root`, in mount order (a stacked one as often as it is stacked)."""
+    return [line.split()[4] for line in mountinfo_below(root)]
 
 
 def wait_for(

@@ -9,12 +9,11 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 import pytest
 
-HAS_FUSE = os.geteuid() == 0 and os.path.exists("/dev/fuse")
+from tests.agent import HAS_FUSE
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

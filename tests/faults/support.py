@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import mounts_below, running_agent, wait_for
+from tests.agent import HAS_FUSE, mounts_below, running_agent, wait_for
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from tests.agent import AgentProcess
 
-HAS_FUSE = os.geteuid() == 0 and os.path.exists("/dev/fuse")
 needs_fuse = pytest.mark.skipif(not HAS_FUSE, reason="needs root and /dev/fuse")
 
 HEALTHY_UID = "aaaaaaaa-0000-4000-8000-000000000001"
@@ -212,10 +211,3 @@ def agent_on(
             yield agent
         finally:
             force_stop(agent)
-
-
-def mountinfo_below(root: Path) -> list[str]:
-    """The /proc/self/mountinfo lines of the mounts below `root` (for failure messages)."""
-    prefix = str(root.absolute()) + "/"
-    with open("/proc/self/mountinfo", encoding="utf-8") as f:
-        return [line.strip() for line in f if line.split()[4].startswith(prefix)]

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import AgentProcess, mounts_below, wait_for, write_atomically
+from tests.agent import AgentProcess, mountinfo_below, mounts_below, wait_for, write_atomically
 from tests.faults.support import (
     HEALTHY_CONFIGMAP,
     HEALTHY_UID,
@@ -30,7 +30,6 @@ from tests.faults.support import (
     check_one_complete_version,
     force_stop,
     healthy_snapshots,
-    mountinfo_below,
     needs_fuse,
     read_within,
 )

@@ -15,6 +15,7 @@ from fusevol.cache.store import ObjectStore
 from fusevol.errors import ManifestError
 from fusevol.model import ConfigMap, Kind, ObjectKey, Pod, Secret
 from fusevol.source.local import ManifestSource, is_manifest_name
+from tests.agent import write_atomically
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -43,13 +44,6 @@ def pod(name: str, node: str = "") -> str:
 def value(store: ObjectStore, name: str) -> str | None:
     obj = store.get(cm_key(name), ConfigMap)
     return None if obj is None else obj.data["k"].decode()
-
-
-def save_atomically(path: Path, text: str) -> None:
-    """What most editors and config tools do: write a temporary file, rename it over the target."""
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
 
 
 async def wait_until(store: ObjectStore, predicate: Callable[[], bool]) -> None:
@@ -162,7 +156,7 @@ async def test_atomic_rename_save(manifests: Path, store: ObjectStore, nursery, 
     path.write_text(config_map("a", "1"))
     await start(nursery, manifests, store)
 
-    save_atomically(path, config_map("a", "2") + "---\n" + config_map("c", "3"))
+    write_atomically(path, config_map("a", "2") + "---\n" + config_map("c", "3"))
     await wait_until(store, lambda: value(store, "a") == "2" and value(store, "c") == "3")
     assert take_errors(caplog) == []
 
