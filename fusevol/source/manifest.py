@@ -5,9 +5,9 @@ picking out the kinds fusevol acts on (Pod, ConfigMap, Secret, PersistentVolume,
 PersistentVolumeClaim, and StorageClass of `storage.k8s.io/v1`; also inside `kind: List`),
 the API defaulting fusevol relies on (namespace `default`, `stringData` merged over `data`, a
 stable uid for pods that carry none) and the subset of `pkg/apis/core/validation` that shapes what
-fusevol serves (KUBELET.md A4). Pod volumes are read by `fusevol.source.volumes`, typed fields by
-`fusevol.source._reader`; container `resources` are kept as quantity strings after a light check
-(`_reader.Reader.quantity_map`), and parsed where a downwardAPI file reads them.
+fusevol serves (docs/kubelet.md fact 4). Pod volumes are read by `fusevol.source.volumes`, typed
+fields by `fusevol.source._reader`; container `resources` are kept as quantity strings after a light
+check (`_reader.Reader.quantity_map`), and parsed where a downwardAPI file reads them.
 
 Shaped as one pure function over bytes so that tests and the watcher (`fusevol.source.local`) feed
 it alike. One bad object rejects the whole file with a `ManifestError` naming the file, the object
