@@ -14,10 +14,10 @@ podCertificate source, which the model cannot carry. The mount-backed types are 
 hostPath, emptyDir, persistentVolumeClaim and gitRepo (a repository is required; its directory is
 relative and has no '..' element).
 
-Narrower than the API server: a divisor must be spelled as in its list (`1Mi`), since the API
-server compares the canonical form (`1024Ki` passes there) and `fusevol.source` may not import
-`fusevol.quantity` to compute it. As on the API server, an empty projected source is
-allowed (it projects nothing), and the first error found is the one reported.
+Narrower than the API server: a divisor must be spelled as in its list (`1Mi`): this module
+compares the text, where the API server compares the canonical form (`1024Ki` passes there). As on
+the API server, an empty projected source is allowed (it projects nothing), and the first error
+found is the one reported.
 
 Excludes: the other pod fields (`fusevol.source.manifest`), field readers (`_reader`), and what
 kubelet checks again when it renders (`fusevol.projection.downward`).
