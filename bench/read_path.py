@@ -1,4 +1,4 @@
-"""Read path: fusevol against kubelet's layout on tmpfs, measured in one run (FUSE.md fact 4).
+"""Read path: fusevol against kubelet's layout on tmpfs, measured in one run (docs/fuse.md fact 4).
 
 Serves a ConfigMap with a 1 KiB key through the real agent, and writes the same volume the way
 kubelet does (`tests/kubelet_reference.py`) to a tmpfs mounted at a pod volume directory of the

@@ -1,6 +1,6 @@
 """Where things live on the node: kubelet's directory layout, and the volume plugins' names.
 
-    <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (KUBELET.md A1)
+    <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (docs/kubelet.md fact 1)
     <root>/pods/<uid>/plugins/<plugin dir>/<spec name>   a volume's metadata (gitRepo's `ready`)
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/status.json                            what `fusevol status` reads

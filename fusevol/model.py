@@ -1,7 +1,7 @@
 """The Kubernetes objects fusevol acts on, as frozen fusevol types.
 
-Every source (the manifest directory today, the API server later) converts what it reads into these
-types on the way in, so nothing below `fusevol.source` ever sees YAML, JSON or a client object. Only
+Every source (the manifest directory, the Kubernetes API) converts what it reads into these types
+on the way in, so nothing below `fusevol.source` ever sees YAML, JSON or a client object. Only
 the fields fusevol uses are kept. Names follow the Kubernetes API, in snake_case.
 
 This module imports nothing third-party and holds no behaviour beyond trivial derived properties.

@@ -2,7 +2,7 @@
 
 A deliberately small HTTP/1.1 server on trio (one request per connection, GET only, 8 KiB of
 request head at most, 5 s to send it). It runs on the agent's own trio loop, so `/healthz`
-answering *is* the liveness check: a loop that froze (FUSE.md fact 9) stops answering, and the
+answering *is* the liveness check: a loop that froze (docs/fuse.md fact 9) stops answering, and the
 kubelet or systemd watchdog restarts the agent.
 
     /healthz   200 "ok" while the loop runs and the FUSE session is up, else 503

@@ -23,7 +23,7 @@ class FuseSettings:
     """How long the kernel may cache attributes; safe for the same reason."""
     old_version_grace_s: float = 2.0
     """How long an old version stays after `..data` moved on, for readers that resolved `..data`
-    just before the switch (FUSE.md fact 6)."""
+    just before the switch (docs/fuse.md fact 6)."""
     max_tasks: int = 8
     """Concurrent request handlers in pyfuse3.main; requests are CPU-bound, a few suffice."""
 
@@ -57,7 +57,7 @@ class HttpSettings:
 
 
 class ChangeDetection(enum.Enum):
-    """kubelet's `configMapAndSecretChangeDetectionStrategy` (KUBELET.md A7)."""
+    """kubelet's `configMapAndSecretChangeDetectionStrategy` (docs/kubelet.md fact 7)."""
 
     WATCH = "Watch"
     CACHE = "Cache"

@@ -1,0 +1,1 @@
+"""fusevol's tests, grouped by what they run; docs/architecture.md says what each folder proves."""

@@ -2,8 +2,7 @@
 
 One copy of each object, however many pods and volumes use it: payloads are built from the bytes
 held here and the FUSE tree shares them. A plain dict that never evicts (a cache that could forget
-an object would make a served volume lose its content); cachetools caches are for re-derivable data
-only (see `fusevol.cache.rendered`).
+an object would make a served volume lose its content).
 
 Sources change the store through `upsert()` and `delete()`; both return whether anything changed,
 so a source may re-deliver an unchanged object for free. Every change bumps `generation` and wakes

@@ -4,9 +4,9 @@ what fusevol serves.
 
 Owns the per-kind converters (Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim,
 StorageClass of `storage.k8s.io/v1`), the defaulting fusevol relies on (namespace `default`,
-`stringData` merged over `data`, a stable uid for pods that carry none) and their validation. Pod
-volumes are read by `fusevol.decode.volume_sources`, typed fields by `fusevol.decode.reader`;
-container `resources` are kept as quantity strings after a light check
+`stringData` merged over `data`, a stable uid for pods that carry none) and their validation
+(docs/kubelet.md fact 4). Pod volumes are read by `fusevol.decode.volume_sources`, typed fields by
+`fusevol.decode.reader`; container `resources` are kept as quantity strings after a light check
 (`reader.Reader.quantity_map`), and parsed where a downwardAPI file reads them. Error messages
 carry keys and paths, never values (Secret data stays out of logs).
 

@@ -5,9 +5,9 @@ checks with Go's null-is-default decoding, modes, user ids, `IsConfigMapKey`, DN
 `KeyToPath` items, `ValidateLocalNonReservedPath`, and the light check of resource quantities.
 
 Quantities are checked against the pattern apimachinery's own error message states, plus their sign;
-the exact parse happens where a quantity is used (`fusevol.quantity`), since
-`fusevol.source` may not import `fusevol.projection`. So a string such as `1i` that fits the pattern
-but is no quantity is accepted here and fails when a downwardAPI file reads it; and the few strings
+the exact parse (`fusevol.quantity`) happens where a quantity is used, when a downwardAPI file
+reads it (`fusevol.projection.downward`). So a string such as `1i` that fits the pattern but is no
+quantity is accepted here and fails when a downwardAPI file reads it; and the few strings
 `ParseQuantity` takes without a leading number (`e3`, `Ki`) are refused here.
 
 Excludes: which fields an object has (`fusevol.decode.manifest`, `fusevol.decode.volume_sources`).

@@ -2,21 +2,22 @@
 
 Owns the volume types fusevol serves from memory (configMap, secret, downwardAPI, projected), their
 API defaulting (`defaultMode` 0644, fieldRef `apiVersion` v1, token `expirationSeconds` 3600) and
-the part of `pkg/apis/core/validation` that shapes them (KUBELET.md A4): one type per volume and at
-most one per projected source; `KeyToPath` and downward API item paths local and not reserved;
-fieldRef limited to the pod's name, namespace, uid, labels and annotations (one key of the last two
-by subscript, the key a qualified name, lower-cased first for annotations); resourceFieldRef naming
-a container and a cpu, memory, ephemeral-storage or hugepages limit or request, with a divisor from
-the API's list; serviceAccountToken between 10 minutes and 2^32 seconds; no item path twice across
-a projected volume's sources. Any other type becomes `UnsupportedVolumeSource`, and so does a
-projected volume with a clusterTrustBundle or podCertificate source, which the model cannot carry.
-The mount-backed types are read here too: nfs, hostPath, emptyDir, persistentVolumeClaim and
-gitRepo (a repository is required; its directory is relative and has no '..' element).
+the part of `pkg/apis/core/validation` that shapes them (docs/kubelet.md fact 4): one type per
+volume and at most one per projected source; `KeyToPath` and downward API item paths local and not
+reserved; fieldRef limited to the pod's name, namespace, uid, labels and annotations (one key of the
+last two by subscript, the key a qualified name, lower-cased first for annotations);
+resourceFieldRef naming a container and a cpu, memory, ephemeral-storage or hugepages limit or
+request, with a divisor from the API's list; serviceAccountToken between 10 minutes and 2^32
+seconds; no item path twice across a projected volume's sources. Any other type becomes
+`UnsupportedVolumeSource`, and so does a projected volume with a clusterTrustBundle or
+podCertificate source, which the model cannot carry. The mount-backed types are read here too: nfs,
+hostPath, emptyDir, persistentVolumeClaim and gitRepo (a repository is required; its directory is
+relative and has no '..' element).
 
-Narrower than the API server: a divisor must be spelled as in its list (`1Mi`), since the API
-server compares the canonical form (`1024Ki` passes there) and `fusevol.source` may not import
-`fusevol.quantity` to compute it. As on the API server, an empty projected source is
-allowed (it projects nothing), and the first error found is the one reported.
+Narrower than the API server: a divisor must be spelled as in its list (`1Mi`): this module
+compares the text, where the API server compares the canonical form (`1024Ki` passes there). As on
+the API server, an empty projected source is allowed (it projects nothing), and the first error
+found is the one reported.
 
 Excludes: the other pod fields (`fusevol.decode.objects`), field readers
 (`fusevol.decode.reader`), and what kubelet checks again when it renders

@@ -11,14 +11,14 @@ Permission checks are the kernel's (`default_permissions`), from the modes and o
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
 structural change goes through the VFS, which keeps the kernel's caches right by itself.
 
-The fast read path (FUSE.md fact 4) needs fusevol's patched pyfuse3 (`patches/pyfuse3`, installed
-by `.ci/install-pyfuse3`); with stock pyfuse3 everything works as before, only slower. It lets the
-kernel cache symlink targets, and open files without asking: once `open` has answered ENOSYS, the
-kernel sends no more open or release requests for any file, and `read` is given the inode, which
-is also the handle `open` returns otherwise. A hot open+read+close of `vol/key` then costs no
-request at all. The kernel no longer asks before a write open either: through the pods' read-only
-binds such opens still fail (the VFS refuses them); through the agent's own mount an open with
-O_TRUNC fails in `setattr`, and any other write open succeeds and then fails in `write`. All
+The fast read path (docs/fuse.md fact 4) needs fusevol's patched pyfuse3 (`patches/pyfuse3`,
+installed by `.ci/install-pyfuse3`); with stock pyfuse3 everything works as before, only slower. It
+lets the kernel cache symlink targets, and open files without asking: once `open` has answered
+ENOSYS, the kernel sends no more open or release requests for any file, and `read` is given the
+inode, which is also the handle `open` returns otherwise. A hot open+read+close of `vol/key` then
+costs no request at all. The kernel no longer asks before a write open either: through the pods'
+read-only binds such opens still fail (the VFS refuses them); through the agent's own mount an open
+with O_TRUNC fails in `setattr`, and any other write open succeeds and then fails in `write`. All
 answer EROFS, and no byte can change.
 """
 

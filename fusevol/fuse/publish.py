@@ -6,15 +6,15 @@ thread of the agent): mkdir of the version directory, symlink
 `..data_tmp`, rename onto `..data`, symlinks for new top-level names, unlink of vanished ones, and,
 after a grace period, rmdir of the old version. The kernel thus updates its caches itself, and
 inotify watchers on the volume directory (or on any bind mount of it) see exactly kubelet's events:
-CREATE `..data_tmp`, MOVED_FROM/MOVED_TO `..data`, DELETE of the old version (FUSE.md fact 2).
+CREATE `..data_tmp`, MOVED_FROM/MOVED_TO `..data`, DELETE of the old version (docs/fuse.md fact 2).
 No file is ever rewritten, and no notify call is needed.
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
 Only the helpers' pids may perform them (`is_publisher`, checked by `fusevol.fuse.ops`).
 
 The old version stays for `grace_s` after the switch, so a reader that resolved `..data` just before
-the switch still finds its files (FUSE.md fact 6); kubelet deletes it at once, which its tmpfs can
-afford because unlinked dentries stay valid for those who hold them.
+the switch still finds its files (docs/fuse.md fact 6); kubelet deletes it at once, which its tmpfs
+can afford because unlinked dentries stay valid for those who hold them.
 """
 
 from __future__ import annotations
@@ -116,7 +116,7 @@ class Publisher:
         nested_mode: int = 0o755,
     ) -> None:
         """Create the volume directory, empty but for the `nested` mountpoint directories (kept
-        across versions: KUBELET.md A1). No-op if it exists."""
+        across versions: docs/kubelet.md fact 1). No-op if it exists."""
         if volume in self._versions:
             return
         root = self._tree.new_dir(mode=mode, gid=gid)

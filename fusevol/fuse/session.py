@@ -1,9 +1,10 @@
 """The agent's one FUSE mount: pyfuse3.init, main and close.
 
 pyfuse3 keeps its session in a module global, so there is exactly one mount per process
-(FUSE.md fact 1); every pod volume is a subtree of it, bind-mounted at the pod's volume directory.
-Mount options: `allow_other` (containers run as other uids), `default_permissions` (the kernel
-checks modes and owners from our attributes, as on kubelet's tmpfs), and a recognisable fsname.
+(docs/fuse.md fact 1); every pod volume is a subtree of it, bind-mounted at the pod's volume
+directory. Mount options: `allow_other` (containers run as other uids), `default_permissions` (the
+kernel checks modes and owners from our attributes, as on kubelet's tmpfs), and a recognisable
+fsname.
 
 Which pyfuse3 serves the mount is logged: fusevol's patched build (`.ci/install-pyfuse3`) gives
 the fast read path (`fusevol.fuse.ops`), stock pyfuse3 works without it.

@@ -11,11 +11,11 @@ Shape of the mount:
 
 The tree never changes a visible node in place. Every version is a new subtree with new inode
 numbers, so the kernel may cache entries, attributes, symlink targets and pages for as long as it
-likes (FUSE.md fact 4). Structural changes arrive as the agent's own VFS operations through the
+likes (docs/fuse.md fact 4). Structural changes arrive as the agent's own VFS operations through the
 mount (`mkdir`, `symlink`, `rename`, `unlink`, `rmdir`: see `fusevol.fuse.publish`); the kernel
-updates its dentry cache and raises inotify events exactly as for kubelet's tmpfs (FUSE.md fact 2).
-A directory cannot be created empty and then filled, so its content is built here first and
-*staged* under the name the agent will `mkdir`; the mkdir attaches it whole.
+updates its dentry cache and raises inotify events exactly as for kubelet's tmpfs
+(docs/fuse.md fact 2). A directory cannot be created empty and then filled, so its content is
+built here first and *staged* under the name the agent will `mkdir`; the mkdir attaches it whole.
 
 Lifetimes follow the FUSE contract (pyfuse3 `Operations.forget`): a node is in the inode table
 while it is reachable from the root or the kernel still holds lookups on it; a detached node is

@@ -1,13 +1,14 @@
 """Volumes set up by the mount backend: nfs, local, hostPath and emptyDir, as kubelet does them.
 
 Each plugin's `set_up` is idempotent (an existing mount is adopted as it is, which is how a
-restarted agent keeps running pods' mounts: KUBELET.md A9 reconstruction) and cleans up after
-itself on failure: no directory and no mount remain (A10). `tear_down` is idempotent too.
+restarted agent keeps running pods' mounts: docs/kubelet.md fact 9 reconstruction) and cleans up
+after itself on failure: no directory and no mount remain (docs/kubelet.md fact 10). `tear_down` is
+idempotent too.
 
     nfs       mount -t nfs -o <options> server:path <dir>; dir 0750; "ro" when read-only;
-              options: the PV annotation, else spec.mountOptions, de-duplicated and sorted (A10)
-    local     bind mount of the PV's path at <dir> (0750), read-only when asked (A11)
-    hostPath  no directory, no mount: the runtime binds the host path; only the type check (A11)
+              options: the PV annotation, else spec.mountOptions, de-duplicated and sorted (fact 10)
+    local     bind mount of the PV's path at <dir> (0750), read-only when asked (fact 11)
+    hostPath  no directory, no mount: the runtime binds the host path; only the type check (fact 11)
     emptyDir  a directory (0777), or a tmpfs sized by sizeLimit for medium Memory
     gitRepo   an emptyDir directory into which git clones once per pod (`fusevol.mount.gitrepo`)
 
@@ -158,7 +159,7 @@ _TYPE_CHECKS = {
 
 
 def check_host_path(source: HostPathVolumeSource) -> None:
-    """kubelet's hostPath type check, with its error texts (KUBELET.md A11)."""
+    """kubelet's hostPath type check, with its error texts (docs/kubelet.md fact 11)."""
     _reject_backsteps(source.path, "hostPath")
     if source.type == "":
         return

@@ -1,1 +1,10 @@
-"""Payload builders: ConfigMap and Secret volumes as `{path: FileProjection}`, kubelet's way."""
+"""Payload builders: a served volume's object(s) and source -> `{path: FileProjection}`, kubelet's
+way (docs/kubelet.md facts 2, 3, 5, 6).
+
+One module per volume type: `configmap`, `secret`, `downward` (downwardAPI, and the node's
+allocatable for resource limits) and `projected` (configMap, secret, downwardAPI and
+serviceAccountToken sources merged); with `_items` (the key-to-file rules configMap and secret
+share), `paths` (AtomicWriter's path rules), `ownership` (the fsGroup modes and owners) and
+`goquote` (Go's `strconv.Quote`). Functions of their inputs, no state; only
+`downward.node_allocatable` reads the host (its capacity, when the agent starts).
+"""

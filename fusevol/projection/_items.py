@@ -1,9 +1,9 @@
 """The key-to-file projection that kubelet's configMap and secret `MakePayload` share.
 
 Owns the rules both builders apply once they hold a `{key: bytes}` view of the object
-(KUBELET.md A3): a missing object is empty when optional and an error otherwise; without items
-every key becomes a file named after it with `defaultMode`; with items only the listed keys are
-projected, at `item.path` with `item.mode` or `defaultMode`, and a listed key that is absent is
+(docs/kubelet.md fact 3): a missing object is empty when optional and an error otherwise; without
+items every key becomes a file named after it with `defaultMode`; with items only the listed keys
+are projected, at `item.path` with `item.mode` or `defaultMode`, and a listed key that is absent is
 skipped when optional and an error otherwise. The result goes through `validate_payload`.
 
 Excludes how each kind turns into that view (`configmap.py`, `secret.py`). Error messages carry

@@ -1,4 +1,6 @@
-"""The payload of a downwardAPI volume: kubelet's `downwardapi.CollectData` (KUBELET.md A3, A6).
+"""The payload of a downwardAPI volume: kubelet's `downwardapi.CollectData`.
+
+docs/kubelet.md facts 3, 6.
 
 Owns:
 - `extract_field_path`: `fieldpath.ExtractFieldPathAsString` for the fields a pod volume may name

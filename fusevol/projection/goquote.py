@@ -1,4 +1,4 @@
-"""Go's `strconv.Quote` and kubelet's `fieldpath.FormatMap`, byte for byte (KUBELET.md A6).
+"""Go's `strconv.Quote` and kubelet's `fieldpath.FormatMap`, byte for byte (docs/kubelet.md fact 6).
 
 Owns how a downward API file shows labels and annotations: `format_map` writes `key="value"`
 lines, keys in byte order, values through `go_quote`. Python's `json.dumps` and `repr` differ from

@@ -1,7 +1,7 @@
 """fsGroup ownership of the volumes served from memory: kubelet's `SetVolumeOwnership` walk.
 
 For configMap, secret, downwardAPI and projected volumes kubelet runs the walk on every write,
-always recursively (KUBELET.md A5): everything gets group fsGroup (symlinks too); files get
+always recursively (docs/kubelet.md fact 5): everything gets group fsGroup (symlinks too); files get
 `mode | 0440` (the read-only mask: these volumes are read-only); directories get
 `mode | 0440 | 0110 | setgid`. So 0644 stays 0644, 0600 becomes 0640, 0400 becomes 0440, the
 version directory 0755 becomes 02755, a configMap root 0777 becomes 02777 and a tmpfs root 1777

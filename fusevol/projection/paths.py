@@ -3,8 +3,8 @@
 Owns:
 - `clean_path`: Go's `filepath.Clean`, which kubelet applies to every payload path.
 - `validate_path` / `validate_payload`: AtomicWriter's `validatePath` and `validatePayload`
-  (KUBELET.md A2). Validation runs on the path as given, cleaning afterwards, exactly as kubelet
-  does, so `foo/../bar` is rejected while `foo//bar` and `./bar` are accepted.
+  (docs/kubelet.md fact 2). Validation runs on the path as given, cleaning afterwards, exactly as
+  kubelet does, so `foo/../bar` is rejected while `foo//bar` and `./bar` are accepted.
 
 Where kubelet would accept a payload and then fail (or silently misbehave) while writing it,
 `validate_payload` fails cleanly instead, with `InvalidPayload`: a path that is both a file and a

@@ -1,4 +1,4 @@
-"""The payload of a projected volume: kubelet's `projected.collectData` (KUBELET.md A3).
+"""The payload of a projected volume: kubelet's `projected.collectData` (docs/kubelet.md fact 3).
 
 Sources are merged in order into one payload, under one `..data`; a later source wins on an
 identical path. configMap and secret sources follow their volumes' rules with the projected
@@ -7,7 +7,7 @@ volume's. Errors of all sources are reported together (kubelet's aggregate: `[a,
 serviceAccountToken sources take the token the Kubernetes API source obtained for this pod by
 TokenRequest (`get_token`; without that source there is none, and the volume fails with a clear
 error). The token file has the projected volume's `defaultMode`, but 0600 when the pod has an
-fsGroup or a common runAsUser (`fs_user_from`), and is owned by that user (KUBELET.md A3).
+fsGroup or a common runAsUser (`fs_user_from`), and is owned by that user (docs/kubelet.md fact 3).
 """
 
 from __future__ import annotations

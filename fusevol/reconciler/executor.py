@@ -1,7 +1,7 @@
 """Operation executor: at most one operation per volume, exponential backoff after a failure.
 
-kubelet's nestedpendingoperations (KUBELET.md A9): a volume with an operation in flight refuses a
-second one (`AlreadyPending`); a failed volume refuses new operations until its retry time
+kubelet's nestedpendingoperations (docs/kubelet.md fact 9): a volume with an operation in flight
+refuses a second one (`AlreadyPending`); a failed volume refuses new operations until its retry time
 (`InBackoff`), the wait starting at 0.5 s and doubling up to 2m2s. Both refusals are expected
 (`errors.is_expected`): the reconciler asks again on its next pass.
 

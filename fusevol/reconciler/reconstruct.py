@@ -1,6 +1,6 @@
 """What the agent finds on the node when it starts, and the last sweep when it stops.
 
-Reconstruction (kubelet's `reconstruct.go`, KUBELET.md A9), in order:
+Reconstruction (kubelet's `reconstruct.go`, docs/kubelet.md fact 9), in order:
     (1) The previous agent's own FUSE mount is dead (its content lived in that process's
         memory): abort and detach it. Its binds at pod volume directories stay, dead: the new
         binds are stacked on them, which is how containers that bound them recover.

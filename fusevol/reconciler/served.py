@@ -8,7 +8,7 @@ AtomicWriter layout, the pod volume directory, and a read-only, shared bind moun
 the second. After a restart the new bind is stacked on the previous agent's (dead or handed-over)
 one, so that containers whose copy of it receives propagation (rslave) switch to the new one; the
 covered one goes when the volume is torn down. Containers always get these volume types read-only
-(KUBELET.md A1), so the bind is too; only the agent writes, through its own mount.
+(docs/kubelet.md fact 1), so the bind is too; only the agent writes, through its own mount.
 
 Volumes that would hold the same files share one subtree (`subtree_name`): configMap, secret and
 projected volumes of one namespace with the same spec, the same fsGroup and the same nested
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
 
 ROOT_MODES = {
     # The wrapped emptyDir: a disk directory created 0777 for configMap, a tmpfs (mode 1777) for
-    # the others (KUBELET.md A1).
+    # the others (docs/kubelet.md fact 1).
     Plugin.CONFIG_MAP: 0o777,
     Plugin.SECRET: 0o1777,
     Plugin.DOWNWARD_API: 0o1777,

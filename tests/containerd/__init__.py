@@ -1,0 +1,1 @@
+"""fusevol volumes inside real containers (containerd and runc)."""

@@ -118,13 +118,23 @@ def chart() -> Any:
 def render(chart: helm.Chart, values: Obj) -> list[Obj]:
     manifests = chart.render(values, name=RELEASE, namespace=NAMESPACE)
     assert f"{CHART.name}/templates/NOTES.txt" in manifests
-    return [
+    objs = [
         obj
         for path, text in sorted(manifests.items())
         if path.endswith(".yaml")
         for obj in yaml.safe_load_all(text)
         if obj
     ]
+    assert objs, f"the chart rendered no object with {values}"
+    return objs
+
+
+def expected_kinds(values: Obj) -> list[str]:
+    """The kinds the chart renders with `values`, sorted: the agent, and unless told otherwise
+    its service account and permissions."""
+    if values is NO_RBAC:
+        return ["DaemonSet"]
+    return ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
 
 
 def one(objs: list[Obj], kind: str) -> Obj:
@@ -158,10 +168,7 @@ def merged(values: Obj) -> Obj:
 def test_renders_the_agent_and_its_permissions(chart: helm.Chart, values: Obj) -> None:
     objs = render(chart, values)
     kinds = sorted(o["kind"] for o in objs)
-    if values is NO_RBAC:
-        assert kinds == ["DaemonSet"]
-    else:
-        assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+    assert kinds == expected_kinds(values)
     for obj in objs:
         if obj["kind"] in ("DaemonSet", "ServiceAccount"):
             assert obj["metadata"]["namespace"] == NAMESPACE
@@ -360,7 +367,9 @@ def test_lint_reports_bad_values() -> None:
 @pytest.mark.parametrize("kube_version", KUBE_VERSIONS)
 @pytest.mark.parametrize("values", VALUE_SETS)
 def test_every_object_is_valid_kubernetes(chart: helm.Chart, values: Obj, kube_version: str):
-    for obj in render(chart, values):
+    objs = render(chart, values)
+    assert sorted(o["kind"] for o in objs) == expected_kinds(values)  # none went missing
+    for obj in objs:
         kubernetes_validate.validate(obj, kube_version, strict=True)
 
 

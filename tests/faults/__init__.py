@@ -1,0 +1,1 @@
+"""The agent and the parser under faults: killed readers and agents, hung helpers, bad input."""

@@ -357,12 +357,14 @@ def test_duplicate_item_paths_in_one_configmap_volume_keep_the_last() -> None:
 
 
 def _raises_only_manifest_error(text: bytes, origin: str) -> None:
+    """`text` is refused with a ManifestError naming `origin`: not accepted, and not any other
+    exception (which would propagate and fail the test)."""
     try:
-        parse_manifest(text, origin=origin)
+        parsed = parse_manifest(text, origin=origin)
     except ManifestError as exc:
         message = str(exc)
     else:
-        return
+        pytest.fail(f"accepted, not refused: {text[:60]!r} -> {parsed!r}")
     assert message.startswith(origin + ": ")
 
 

@@ -1,5 +1,6 @@
-"""The fast read path (FUSE.md fact 4): with fusevol's patched pyfuse3, the kernel caches symlink
-targets and opens files without asking, so a hot open+read+close of `vol/key` makes no request.
+"""The fast read path (docs/fuse.md fact 4): with fusevol's patched pyfuse3, the kernel caches
+symlink targets and opens files without asking, so a hot open+read+close of `vol/key` makes no
+request.
 
 Runs only with the patched pyfuse3 (`.ci/install-pyfuse3`); stock pyfuse3 cannot request either
 capability, and the other tests cover it.
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.skipif(
 
 HOT_READS = 100
 NO_REQUEST = ("lookup", "getattr", "readlink", "open", "read", "release")
-"""What a hot read would cost without the fast read path (FUSE.md fact 4, timeouts 0)."""
+"""What a hot read would cost without the fast read path (docs/fuse.md fact 4, timeouts 0)."""
 
 
 def hot_read(path: Path) -> bytes:

@@ -84,15 +84,40 @@ def test_keys_appear_and_disappear(agent: AgentProcess, manifests: Path) -> None
     assert sorted(p.name for p in volume.iterdir() if not p.name.startswith("..")) == ["a", "c"]
 
 
+BARRIER_UID = "22222222-3333-4444-8555-666666666666"
+BARRIER_POD = f"""\
+kind: Pod
+metadata: {{name: barrier, namespace: default, uid: {BARRIER_UID}}}
+spec:
+  containers: [{{name: c}}]
+  volumes: [{{name: creds, secret: {{secretName: creds}}}}]
+"""
+
+
+def _nothing_in_flight(agent: AgentProcess) -> bool:
+    """Every volume in the agent's last status snapshot is set up, none mounting or refreshing."""
+    volumes = [v for pod in agent.snapshot()["pods"] for v in pod["volumes"]]
+    return bool(volumes) and all(v["state"] == "mounted" for v in volumes)
+
+
 def test_unchanged_save_publishes_nothing(agent: AgentProcess, manifests: Path) -> None:
     volume = agent.volume(POD_UID, "configmap", "config")
+    updated = "volume updated volume=kubernetes.io/configmap/"
     before = (volume / "..data").readlink()
     (manifests / "configmap.yaml").write_text(configmap())  # same content, saved again
     (manifests / "pod.yaml").write_text(pod())
+    # Barrier: a pod saved after them. The pass that sets up its volume sees both saves, so once
+    # that volume is set up and no operation is in flight, whatever they caused is done and logged.
+    (manifests / "barrier.yaml").write_text(BARRIER_POD)
+    agent.wait_state(BARRIER_UID, "creds", "mounted")
+    wait_for(lambda: _nothing_in_flight(agent))
+    assert agent.log_text().count(updated) == 0
+    assert (volume / "..data").readlink() == before
     write_atomically(manifests / "configmap.yaml", configmap(a="after"))
     wait_for(lambda: (volume / "a").read_text() == "after")
+    wait_for(lambda: updated in agent.log_text())  # logged just after the switch
     # Exactly one version switch happened: the old version is the one from before.
-    assert agent.log_text().count("volume updated volume=kubernetes.io/configmap/") == 1
+    assert agent.log_text().count(updated) == 1
     assert before != (volume / "..data").readlink()
 
 

@@ -1,4 +1,7 @@
-"""configMap payloads: kubelet's `configmap.MakePayload` and its not-found rule (KUBELET.md A3)."""
+"""configMap payloads: kubelet's `configmap.MakePayload` and its not-found rule.
+
+docs/kubelet.md fact 3.
+"""
 
 from __future__ import annotations
 

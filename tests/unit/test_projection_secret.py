@@ -1,4 +1,7 @@
-"""secret payloads: kubelet's `secret.MakePayload` and its not-found rule (KUBELET.md A3)."""
+"""secret payloads: kubelet's `secret.MakePayload` and its not-found rule.
+
+docs/kubelet.md fact 3.
+"""
 
 from __future__ import annotations
 

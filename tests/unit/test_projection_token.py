@@ -1,8 +1,8 @@
 """serviceAccountToken in a projected volume: the token file and kubelet's mode and owner rules.
 
-KUBELET.md A3/A5 and kubelet's e2e ("should set ownership and permission when RunAsUser or FsGroup
-is present"): neither -> 0644 root; runAsUser=1000 -> 0600 owned by 1000; fsGroup -> 0600, which
-the fsGroup walk turns into 0640; both -> 0640 owned by 1000.
+docs/kubelet.md facts 3, 5 and kubelet's e2e ("should set ownership and permission when RunAsUser or
+FsGroup is present"): neither -> 0644 root; runAsUser=1000 -> 0600 owned by 1000; fsGroup -> 0600,
+which the fsGroup walk turns into 0640; both -> 0640 owned by 1000.
 """
 
 from __future__ import annotations

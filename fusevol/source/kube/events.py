@@ -1,6 +1,6 @@
 """EventRecorder: Warning events on a pod when one of its volumes cannot be set up, as kubelet.
 
-The event is kubelet's (KUBELET.md A9): reason `FailedMount`, type Warning, message
+The event is kubelet's (docs/kubelet.md fact 9): reason `FailedMount`, type Warning, message
 `MountVolume.SetUp failed for volume "<spec name>" : <error>`, on the Pod (`involvedObject` with
 its uid), a core/v1 Event named `<pod>.<hex nanoseconds>`. The source is `fusevol` on this node,
 so `kubectl describe pod` shows who wrote it.

@@ -1,6 +1,6 @@
 """The objects the pods reference (ConfigMaps, Secrets, claims, volumes), kept current in the store
 by one of kubelet's change-detection strategies (`configMapAndSecretChangeDetectionStrategy`,
-KUBELET.md A7):
+docs/kubelet.md fact 7):
 
 - `WatchedObjects` (Watch, the default): one list+watch per referenced object (fieldSelector
   `metadata.name=<name>`), opened when the first pod references it and closed after the last; an

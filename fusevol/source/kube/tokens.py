@@ -2,8 +2,8 @@
 
 For each projection of each pod, a TokenRequest for the pod's service account with the
 projection's audience and `expirationSeconds`, bound to the pod (`boundObjectRef` Pod name+uid),
-as kubelet's token manager does (KUBELET.md A3, A7). The token goes to the object store as a
-`ServiceAccountToken` (memory only, never logged, hidden from `repr`); the volumes that project it
+as kubelet's token manager does (docs/kubelet.md facts 3, 7). The token goes to the object store as
+a `ServiceAccountToken` (memory only, never logged, hidden from `repr`); the volumes that project it
 are refreshed when it changes, like for any other object.
 
 Refresh: kubelet's `requiresRefresh`, from the answer's `expirationTimestamp` and
