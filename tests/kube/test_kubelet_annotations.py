@@ -9,7 +9,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from tests.agent import running_agent, wait_for
-from tests.fuse.test_kubelet_annotations import check_seen, seen_in
+from tests.helpers.seen import check_seen, seen_in
 from tests.kube.conftest import UID, pod
 
 if TYPE_CHECKING:
