@@ -41,6 +41,7 @@ import trio
 from fusevol import agent_metrics, layout, sdnotify
 from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
+from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
 from fusevol.fuse.ops import Operations
@@ -52,7 +53,7 @@ from fusevol.launcher import Launcher
 from fusevol.lock import AgentLock
 from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
-from fusevol.populator import Populator
+from fusevol.populator import ConfigSource, KubeletAnnotations, Populator
 from fusevol.projection.downward import node_allocatable
 from fusevol.provision.hostpath import PROVISIONER, HostPathProvisioner
 from fusevol.reconciler.executor import Executor
@@ -187,7 +188,13 @@ class Agent:
         self.reconciler = Reconciler(
             store=self.store,
             populator=Populator(
-                store=self.store, desired=self.desired, provisioner=self.provisioner
+                store=self.store,
+                desired=self.desired,
+                provisioner=self.provisioner,
+                annotations=KubeletAnnotations(
+                    ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
+                    FirstSeen(path=layout.first_seen_file(root)),
+                ),
             ),
             desired=self.desired,
             actual=self.actual,

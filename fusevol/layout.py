@@ -5,6 +5,7 @@
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node
+    <root>/fusevol/seen.json                              when each pod was first seen
     <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
 
 Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
@@ -146,6 +147,11 @@ def status_file(root: Path) -> Path:
 
 def provisioned_file(root: Path) -> Path:
     return agent_dir(root) / "provisioned.json"
+
+
+def first_seen_file(root: Path) -> Path:
+    """When the agent first saw each pod (`fusevol.cache.seen`): pod uids and times only."""
+    return agent_dir(root) / "seen.json"
 
 
 def default_provisioning_base(root: Path) -> Path:

@@ -18,10 +18,22 @@ yet) is not collected again.
 `has_added_pods` turns true after the first pass that follows the sources' complete initial
 listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
 have not been read yet (kubelet's `HasAddedPods`).
+
+Every pod reaches the desired state with the annotations kubelet adds to the pods it accepts
+(kubelet's `pkg/kubelet/config`; docs/pod-annotations.md), whichever source it came from: this is
+the one place both sources' pods go through. `kubernetes.io/config.source` (`api` or `file`, the
+manifest source being kubelet's file source), `kubernetes.io/config.seen` (when the agent first saw
+the pod, kept across restarts by `FirstSeen`), and for `file` pods `kubernetes.io/config.hash`, the
+pod's uid, as kubelet sets it. They replace a value the pod gives for the same key, as kubelet's
+do. Only the copy in the desired state carries them, so only what is built from it (the downward
+API) shows them: the store keeps the objects as the sources delivered them, and nothing writes
+them anywhere.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import logging
 from typing import TYPE_CHECKING
 
@@ -42,13 +54,44 @@ from fusevol.provision.hostpath import ClaimToProvision
 
 if TYPE_CHECKING:
     from fusevol.cache.desired import DesiredState
+    from fusevol.cache.seen import FirstSeen
     from fusevol.cache.store import ObjectStore
-    from fusevol.model import Pod, Volume
+    from fusevol.model import Pod, PodUID, Volume
     from fusevol.provision.hostpath import HostPathProvisioner
 
 log = logging.getLogger(__name__)
 
 MOUNT_OPTIONS_ANNOTATION = "volume.beta.kubernetes.io/mount-options"
+CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+CONFIG_SEEN_ANNOTATION = "kubernetes.io/config.seen"
+CONFIG_HASH_ANNOTATION = "kubernetes.io/config.hash"
+
+
+class ConfigSource(enum.Enum):
+    """Where the agent's pods come from, by kubelet's names for its pod sources."""
+
+    API = "api"
+    """The Kubernetes API server."""
+    FILE = "file"
+    """A manifest directory: kubelet's static pods from `--pod-manifest-path`."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class KubeletAnnotations:
+    """What the populator needs to annotate pods as kubelet does."""
+
+    source: ConfigSource
+    first_seen: FirstSeen
+
+    def apply(self, pod: Pod) -> Pod:
+        """`pod` with kubelet's annotations (a copy; `pod` itself is left as it is)."""
+        added = {
+            CONFIG_SOURCE_ANNOTATION: self.source.value,
+            CONFIG_SEEN_ANNOTATION: self.first_seen.seen(pod.uid),
+        }
+        if self.source is ConfigSource.FILE:
+            added[CONFIG_HASH_ANNOTATION] = pod.uid
+        return dataclasses.replace(pod, annotations={**pod.annotations, **added})
 
 
 class Populator:
@@ -58,10 +101,16 @@ class Populator:
         store: ObjectStore,
         desired: DesiredState,
         provisioner: HostPathProvisioner | None = None,
+        annotations: KubeletAnnotations | None = None,
     ) -> None:
+        """`annotations`: kubelet's annotations to add to every pod (None: pods as they are)."""
         self._store = store
         self._desired = desired
         self._provisioner = provisioner
+        self._annotations = annotations
+        self._accepted: dict[PodUID, tuple[Pod, Pod]] = {}
+        """Per pod, (the store's pod, its annotated copy): the same copy while the pod is the
+        same, so an unchanged pod costs one identity check."""
         self._has_added_pods = False
         self._to_provision: dict[ObjectKey, ClaimToProvision] = {}
 
@@ -73,11 +122,16 @@ class Populator:
         """One full pass. Cheap when nothing changed; idempotent."""
         synced = self._store.synced
         self._to_provision = {}
-        pods = {pod.uid: pod for pod in self._store.pods()}
+        pods = {pod.uid: self._accept(pod) for pod in self._store.pods()}
+        self._accepted = {uid: self._accepted[uid] for uid in pods if uid in self._accepted}
         for pod in self._desired.pods():
             if pod.uid not in pods:
                 self._desired.delete_pod(pod.uid)
                 log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+        if self._annotations is not None:
+            if synced:  # before, a pod not delivered yet is not gone
+                self._annotations.first_seen.retain(pods.keys())
+            self._annotations.first_seen.save()  # before any volume shows a new time
         for pod in pods.values():
             volumes = tuple(self.resolve(pod, volume) for volume in pod.volumes)
             if self._desired.set_pod(pod, volumes):
@@ -85,6 +139,14 @@ class Populator:
         self._collect_selected_claims()
         if synced:
             self._has_added_pods = True
+
+    def _accept(self, pod: Pod) -> Pod:
+        if self._annotations is None:
+            return pod
+        accepted = self._accepted.get(pod.uid)
+        if accepted is None or accepted[0] is not pod:
+            accepted = self._accepted[pod.uid] = (pod, self._annotations.apply(pod))
+        return accepted[1]
 
     def _collect_selected_claims(self) -> None:
         """Unbound claims the scheduler selected this node for, whose pods have no node yet."""

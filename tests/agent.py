@@ -244,9 +244,9 @@ class AgentProcess:
 def running_agent(
     manifests: Path | None, root: Path, *extra_args: str, env: dict[str, str] | None = None
 ) -> Iterator[AgentProcess]:
-    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env).start()
+    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env)
     try:
-        yield agent
+        yield agent.start()  # inside: an agent that fails to get ready is stopped too
     finally:
         if agent.process is not None and agent.process.poll() is None:
             agent.stop(check_clean=False)
