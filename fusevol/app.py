@@ -74,6 +74,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
+    from fusevol.csi.server import CsiServer
     from fusevol.model import UniqueVolumeName
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.settings import Settings
@@ -165,7 +166,10 @@ class Agent:
         self.reconciler = Reconciler(
             store=self.store,
             populator=Populator(
-                store=self.store, desired=self.desired, provisioner=self.provisioner
+                store=self.store,
+                desired=self.desired,
+                provisioner=self.provisioner,
+                pod_volumes=settings.csi is None,  # CSI mode: what kubelet publishes, only
             ),
             desired=self.desired,
             actual=self.actual,
@@ -204,6 +208,31 @@ class Agent:
             ready=lambda: self.store.synced and self.reconciler.passes > 0,
             status=self.status.snapshot,
         )
+        # -- CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler ------
+        self.csi: CsiServer | None = None
+        if settings.csi is not None:
+            from fusevol.csi.node import CsiNode
+            from fusevol.csi.server import CsiServer
+
+            self.csi = CsiServer(
+                endpoint=settings.csi.endpoint,
+                node=CsiNode(
+                    state_path=layout.csi_file(root),
+                    kubelet_dir=settings.csi.kubelet_dir,
+                    node_name=settings.node_name,
+                    store=self.store,
+                    desired=self.desired,
+                    actual=self.actual,
+                    executor=self.executor,
+                    volumes=self.volumes,
+                    kick=self.reconciler.kick,
+                    is_mount_point=self.backend.is_mount_point,
+                    track=self.kube_source.track if self.kube_source else None,
+                    source_name="API source" if self.kube_source else "manifest source",
+                ),
+                ready=lambda: self._fuse_up and self.store.synced and self.reconciler.passes > 0,
+            )
+        # -- end of CSI node plugin ----------------------------------------------------------------
         self._fuse_up = False
         self.handover = False
         """Set by `stop()`: leave the pod volumes mounted for the next agent."""
@@ -308,6 +337,8 @@ class Agent:
                             nursery.start_soon(_watchdog)
                             await nursery.start(self.source.run)  # (5)
                             await nursery.start(self.reconciler.run)  # (6)
+                            if self.csi is not None:  # CSI node plugin: after the reconciler
+                                await nursery.start(self.csi.run)
                             if predecessor is not None:
                                 nursery.start_soon(self._release, predecessor, found)
                             log.info("ready root=%s node=%s", root, self.settings.node_name)

@@ -5,6 +5,7 @@
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node
+    <root>/fusevol/csi.json                               CSI targets published by kubelet
     <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
 
 Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
@@ -141,6 +142,11 @@ def status_file(root: Path) -> Path:
 
 def provisioned_file(root: Path) -> Path:
     return agent_dir(root) / "provisioned.json"
+
+
+def csi_file(root: Path) -> Path:
+    """The CSI targets kubelet published (`fusevol.csi.state`): served again after a restart."""
+    return agent_dir(root) / "csi.json"
 
 
 def default_provisioning_base(root: Path) -> Path:

@@ -118,6 +118,8 @@ class KubeSource:
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
+        self._extra: dict[str, set[ObjectKey]] = {}
+        """What CSI volumes reference (`track`), by volume."""
         self._objects: ObjectTracker | None = None
         self._pod_reflector: Reflector | None = None
 
@@ -228,6 +230,19 @@ class KubeSource:
         self.tokens.retain(self._pods.values())
         self.events.forget({pod.uid for pod in self._pods.values()})
 
+    async def track(self, owner: str, namespace: str, source: object | None) -> None:
+        """Keep what `source` (a CSI volume's, in `namespace`) references tracked for `owner`,
+        as a pod's references are, and await its first copy; None stops tracking them."""
+        keys = set() if source is None else self._volume_references(namespace, source)
+        if keys:
+            self._extra[owner] = keys
+        else:
+            self._extra.pop(owner, None)
+        if self._objects is not None:
+            self._objects.set_wanted(self._wanted())
+            if keys:
+                await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
+
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
         it names, the claims they are for."""
@@ -237,7 +252,7 @@ class KubeSource:
     def _wanted(self) -> set[ObjectKey]:
         """Everything to track: the pods' references, the claims of the PVs provisioned here, the
         claims selected for this node (and what they reference)."""
-        keys = self._references(self._pods.values())
+        keys = self._references(self._pods.values()).union(*self._extra.values())
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
         if self._selected is not None:

@@ -1,0 +1,198 @@
+"""The CSI node plugin as kubelet v1.28 drives it (tests/csi/kubelet.py), against the real agent
+and the loopback API server: what a pod's csi volume holds, how it follows its objects, and how it
+goes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+
+from tests import kubelet_reference
+from tests.agent import mounts_below, wait_for
+from tests.csi.conftest import UID, csi_volume, pod
+from tests.csi.kubelet import is_mount_point
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from tests.agent import AgentProcess
+    from tests.helpers.apiserver import ApiServer
+
+PROJECTED = {
+    "projected": {
+        "sources": [
+            {
+                "downwardAPI": {
+                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                }
+            },
+            {"configMap": {"name": "app", "items": [{"key": "a", "path": "conf/a"}]}},
+        ]
+    }
+}
+WITH_TOKEN = {
+    "projected": {
+        "sources": [
+            *PROJECTED["projected"]["sources"],
+            {"serviceAccountToken": {"path": "token", "audience": "vault"}},
+        ]
+    }
+}
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+def snapshot(path: Path, *, without: str = "") -> dict[str, Any]:
+    entries = kubelet_reference.snapshot(path)
+    return {k: v for k, v in entries.items() if not without or without not in k}
+
+
+def read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def test_kubelet_publishes_configmap_secret_and_projected_volumes(
+    api: ApiServer,
+    csi_agent: Callable[..., Any],
+    reference_agent: AgentProcess,
+    kubelet_dir: Path,
+) -> None:
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1", "b": "x"}})
+    api.create(secret("creds", {"password": "hunter2"}))
+    web = pod(
+        volumes=[
+            csi_volume("config", configMap="app"),
+            csi_volume("creds", secret="creds"),
+            csi_volume("info", volume=json.dumps(WITH_TOKEN)),
+            # The same sources as pod-spec volumes: the reference agent serves them.
+            {"name": "ref-config", "configMap": {"name": "app"}},
+            {"name": "ref-creds", "secret": {"secretName": "creds"}},
+            {"name": "ref-info", **PROJECTED},
+        ],
+        securityContext={"fsGroup": 2000},
+    )
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        assert kubelet.register() == ("fusevol.io", "test-node")
+        assert kubelet.probe()
+        config = kubelet.publish(web, "config")
+        creds = kubelet.publish(web, "creds")
+        info = kubelet.publish(web, "info", tokens={"vault": "token-1"})
+        # Returned only when the content is there: read at once, no waiting.
+        assert (config / "a").read_text() == "1"
+        assert (creds / "password").read_text() == "hunter2"
+        assert (info / "token").read_text() == "token-1"
+        # 0600 for a token when the pod sets fsGroup, then the fsGroup walk adds group read.
+        assert oct((info / "token").stat().st_mode & 0o777) == "0o640"
+        # Byte for byte (names, modes, owners, links, contents) what the pod-spec volume holds.
+        ref = reference_agent.volume(UID, "configmap", "ref-config")
+        reference_agent.wait_mounted(ref)
+        assert snapshot(config) == snapshot(ref)
+        ref_creds = reference_agent.wait_mounted(reference_agent.volume(UID, "secret", "ref-creds"))
+        assert snapshot(creds) == snapshot(ref_creds)
+        ref_info = reference_agent.wait_mounted(
+            reference_agent.volume(UID, "projected", "ref-info")
+        )
+        assert snapshot(info, without="token") == snapshot(ref_info)
+        assert (config / "..data").stat().st_gid == 2000  # fsGroup via volume_mount_group
+        assert kubelet.calls[:3] == ["GetPluginInfo", "NodeGetInfo", "Probe"]
+        assert "NodeGetCapabilities" in kubelet.calls
+        # Nothing secret in the agent's record of its targets.
+        record = (agent.root / "fusevol" / "csi.json").read_text()
+        assert "token-1" not in record
+        assert "hunter2" not in record
+        assert len(json.loads(record)["published"]) == 3
+
+        # An edit reaches the target as fast as a pod-spec volume.
+        started = time.monotonic()
+        api.update({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "2", "b": "x"}})
+        wait_for(lambda: read(config / "a") == "2", timeout_s=5)
+        print(f"configMap edit visible at the CSI target after {time.monotonic() - started:.3f}s")
+        wait_for(lambda: read(info / "conf" / "a") == "2", timeout_s=5)
+
+        # A repeat publish is OK and changes nothing; a republish with new tokens updates them.
+        before = snapshot(config)
+        assert kubelet.publish(web, "config") == config
+        assert snapshot(config) == before
+        kubelet.publish(web, "info", tokens={"vault": "token-2"})
+        assert (info / "token").read_text() == "token-2"
+
+        # Unpublish: no mount left, target, vol_data.json and the volume directory gone.
+        for name in ("config", "creds", "info"):
+            kubelet.unpublish(web, name)
+        assert mounts_below(kubelet_dir) == []
+        assert not (
+            kubelet_dir / "pods" / UID / "volumes" / "kubernetes.io~csi" / "config"
+        ).exists()
+        assert json.loads((agent.root / "fusevol" / "csi.json").read_text())["published"] == []
+        kubelet.unpublish(web, "config")  # again: OK, nothing to do
+
+
+def test_a_missing_object_fails_then_appears_on_kubelets_retry(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+) -> None:
+    web = pod(volumes=[csi_volume("config", configMap="later")])
+    api.create(web)
+    with csi_agent() as (_agent, kubelet):
+        with pytest.raises(grpc.RpcError) as failed:
+            kubelet.publish(web, "config")
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert 'configmap "later" not found' in str(failed.value.details())
+        target = kubelet.target(web, "config")
+        assert not target.exists()
+        assert mounts_below(kubelet_dir) == []
+        api.create({"kind": "ConfigMap", "metadata": {"name": "later"}, "data": {"k": "v"}})
+        started = time.monotonic()
+
+        def retried() -> bool:  # kubelet's retries, with its backoff cut short
+            try:
+                kubelet.publish(web, "config")
+            except grpc.RpcError:
+                time.sleep(0.1)
+                return False
+            return True
+
+        wait_for(retried, timeout_s=10)
+        print(f"missing configMap served {time.monotonic() - started:.3f}s after it was created")
+        assert (target / "k").read_text() == "v"
+        assert is_mount_point(target)
+        kubelet.unpublish(web, "config")
+
+
+def test_a_restart_serves_every_published_target_again(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+) -> None:
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    api.create(secret("creds", {"password": "hunter2"}))
+    web = pod(volumes=[csi_volume("config", configMap="app"), csi_volume("creds", secret="creds")])
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        config = kubelet.publish(web, "config")
+        creds = kubelet.publish(web, "creds")
+        before = {name: snapshot(path) for name, path in (("config", config), ("creds", creds))}
+        agent.kill()  # kill -9
+        agent.start()
+        started = time.monotonic()
+        # (The kernel may still answer a read of the dead bind from its page cache: only a
+        # whole snapshot, every directory listed, shows the fresh bind.)
+        wait_for(
+            lambda: snapshot(config) == before["config"] and snapshot(creds) == before["creds"],
+            timeout_s=20,
+        )
+        print(f"CSI targets served again {time.monotonic() - started:.3f}s after the agent's ready")
+        # Still kubelet's: it unpublishes them as usual.
+        kubelet.unpublish(web, "config")
+        kubelet.unpublish(web, "creds")
+        assert mounts_below(kubelet_dir) == []
