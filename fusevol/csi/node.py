@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-POD_WAIT_S = 10.0
+POD_WAIT_S = 5.0
 """How long a publish waits for the source to deliver its pod (kubelet may see it first)."""
 PUBLISH_TIMEOUT_S = 60.0
 """How long a publish or unpublish waits for the reconciler (kubelet's own timeout is 2 min)."""
