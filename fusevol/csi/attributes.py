@@ -228,7 +228,8 @@ def _volume_source(
     try:
         (volume,) = parse_volumes(reader, [{"name": volume_name, **entry}])
     except ManifestError as exc:
-        raise CsiError(Code.INVALID_ARGUMENT, str(exc)) from None
+        # The parser names the field from the pod spec down; the volume entry here is implied.
+        raise CsiError(Code.INVALID_ARGUMENT, str(exc).replace("spec.volumes[0].", "", 1)) from None
     return volume.source
 
 

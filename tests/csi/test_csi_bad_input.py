@@ -82,7 +82,7 @@ def test_bad_attributes_targets_and_handles_are_refused_and_disturb_nothing(
         code, message = publish_bad(volume=json.dumps(items))
         assert code == grpc.StatusCode.INVALID_ARGUMENT
         assert "volumeAttributes 'volume'" in message
-        assert "items[0].path" in message
+        assert "configMap.items[0].path: invalid value" in message
         # A name the API would not have: looked up like any other, and not found.
         code, message = publish_bad(configMap="Not_A_Name!")
         assert code == grpc.StatusCode.FAILED_PRECONDITION
