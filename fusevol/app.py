@@ -339,6 +339,7 @@ class Agent:
                             await nursery.start(self.reconciler.run)  # (6)
                             if self.csi is not None:  # CSI node plugin: after the reconciler
                                 await nursery.start(self.csi.run)
+                                found = [*found, *self.csi.node.restored]  # a lame duck's too
                             if predecessor is not None:
                                 nursery.start_soon(self._release, predecessor, found)
                             log.info("ready root=%s node=%s", root, self.settings.node_name)

@@ -107,6 +107,8 @@ class CsiNode:
         self._pod_wait_s = pod_wait_s
         self._timeout_s = timeout_s
         self._published: dict[str, Publication] = {}
+        self.restored: list[MountedVolume] = []
+        """The targets `restore` found still mounted (a predecessor's binds): set up again."""
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
 
     # -- the CSI calls -----------------------------------------------------------------------------
@@ -202,17 +204,17 @@ class CsiNode:
             name = _unique_name(publication.volume_id)
             plugin = plugin_for(publication.volume.source)
             if plugin is not None and self._is_mount_point(publication.target):
-                self._actual.mark_mounted(
-                    MountedVolume(
-                        name,
-                        plugin,
-                        pod.uid,
-                        publication.volume.name,
-                        publication.target,
-                        inputs=None,
-                        state=MountState.UNCERTAIN,
-                    )
+                found = MountedVolume(
+                    name,
+                    plugin,
+                    pod.uid,
+                    publication.volume.name,
+                    publication.target,
+                    inputs=None,
+                    state=MountState.UNCERTAIN,
                 )
+                self._actual.mark_mounted(found)
+                self.restored.append(found)
             self._desired.set_csi(_csi_volume(name, publication, pod))
             self._published[publication.volume_id] = publication
         self._kick()

@@ -58,14 +58,14 @@ def socket_path(endpoint: str) -> Path:
 class CsiServer:
     def __init__(self, *, endpoint: str, node: CsiNode, ready: Callable[[], bool]) -> None:
         self.path = socket_path(endpoint)
-        self._node = node
+        self.node = node
         self._ready = ready
         self._token: trio.lowlevel.TrioToken | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: restore the recorded targets, then listen."""
         self._token = trio.lowlevel.current_trio_token()
-        await self._node.restore()
+        await self.node.restore()
         await trio.to_thread.run_sync(_remove_stale_socket, self.path)
         server = grpc.server(
             ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"),
@@ -127,7 +127,7 @@ class CsiServer:
     def _node_get_info(
         self, request: pb.NodeGetInfoRequest, context: grpc.ServicerContext
     ) -> pb.NodeGetInfoResponse:
-        return pb.NodeGetInfoResponse(node_id=self._node.node_name)
+        return pb.NodeGetInfoResponse(node_id=self.node.node_name)
 
     def _node_capabilities(
         self, request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
@@ -148,7 +148,7 @@ class CsiServer:
             )
 
         async def publish() -> None:
-            await self._node.publish(
+            await self.node.publish(
                 volume_id=request.volume_id,
                 target_path=request.target_path,
                 context=dict(request.volume_context),
@@ -165,7 +165,7 @@ class CsiServer:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path required")
 
         async def unpublish() -> None:
-            await self._node.unpublish(volume_id=request.volume_id, target_path=request.target_path)
+            await self.node.unpublish(volume_id=request.volume_id, target_path=request.target_path)
 
         self._in_trio(context, unpublish)
         return pb.NodeUnpublishVolumeResponse()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -196,3 +197,44 @@ def test_a_restart_serves_every_published_target_again(
         kubelet.unpublish(web, "config")
         kubelet.unpublish(web, "creds")
         assert mounts_below(kubelet_dir) == []
+
+
+def test_reads_of_a_csi_target_never_fail_through_a_hand_over(
+    api: ApiServer, csi_agent: Callable[..., Any], tmp_path: Path
+) -> None:
+    """SIGTERM then a new agent (systemctl restart): the lame duck serves the CSI target until
+    the new agent has stacked its bind there; a reader whose copy of the target is a slave (a
+    container's HostToContainer bind) sees no failed read."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("config", configMap="app")])
+    api.create(web)
+    reads = tmp_path / "reads"
+    with csi_agent() as (first, kubelet):
+        target = kubelet.publish(web, "config")
+        # `ls` always reaches the FUSE server (opendir); `cat` may be served from the caches.
+        loop = (
+            f"while :; do if cat {target}/a >/dev/null && ls {target} >/dev/null;"
+            f" then echo ok; else echo fail; fi; done >> {reads} 2>> {reads}.errors"
+        )
+        reader = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "slave", "sh", "-c", loop]
+        )
+        try:
+            wait_for(lambda: reads.exists() and reads.stat().st_size > 0)
+            first.hand_over()
+            with csi_agent() as (second, _):
+                first.wait_agent_gone(10)  # released: the second agent's bind is on top
+                released = reads.stat().st_size
+                wait_for(lambda: reads.stat().st_size > released + 60)  # 20 reads more
+                reader.kill()
+                reader.wait(timeout=10)
+                assert "lame duck done: the next agent has stacked its binds" in first.log_text()
+                kubelet.unpublish(web, "config")
+                second.stop()
+        finally:
+            reader.kill()
+            reader.wait(timeout=10)
+    lines = reads.read_text().split()
+    failed = lines.count("fail")
+    assert failed == 0, f"{failed} failed reads of {len(lines)}: {reads.with_suffix('.errors')}"
+    print(f"{len(lines)} reads of the CSI target through a hand-over, none failed")
