@@ -287,7 +287,8 @@ class Agent:
         )
 
     def _volume_failed(self, volume: VolumeToServe, error: str) -> None:
-        if self.kube_source is not None:
+        # A CSI volume's failure reaches kubelet as the publish's error: kubelet records the event.
+        if self.kube_source is not None and volume.target is None:
             self.kube_source.events.failed_mount(volume.pod, volume.spec_name, error)
 
     def _observe_operation(

@@ -107,7 +107,7 @@ class AgentProcess:
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         log.close()
         wait_for(
-            lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=20
+            lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=60
         )
         wait_for(layout.status_file(self.root).exists)
         launcher = self.process.pid
@@ -236,8 +236,9 @@ class AgentProcess:
 def running_agent(
     manifests: Path | None, root: Path, *extra_args: str, env: dict[str, str] | None = None
 ) -> Iterator[AgentProcess]:
-    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env).start()
+    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env)
     try:
+        agent.start()  # inside: an agent that failed to get ready is stopped too
         yield agent
     finally:
         if agent.process is not None and agent.process.poll() is None:

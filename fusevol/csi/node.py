@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import hashlib
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -45,11 +45,12 @@ from fusevol.model import (
     ServiceAccountTokenProjection,
     UniqueVolumeName,
     UnsupportedVolumeSource,
+    Volume,
     token_key,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
     from pathlib import Path
 
     from fusevol.cache.actual import ActualState
@@ -67,7 +68,18 @@ PUBLISH_TIMEOUT_S = 60.0
 POLL_S = 0.005
 
 
-async def _track_nothing(owner: str, namespace: str, source: object | None) -> None:
+class Tracker(Protocol):
+    """The API source's `track`: keep what a CSI volume references current (and, with `tokens`,
+    request its tokens by TokenRequest); `volume` None stops it."""
+
+    async def __call__(
+        self, owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
+    ) -> None: ...
+
+
+async def _track_nothing(
+    owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
+) -> None:
     """The manifest source holds every object of its directory: nothing to track."""
 
 
@@ -85,13 +97,13 @@ class CsiNode:
         volumes: Volumes,
         kick: Callable[[], None],
         is_mount_point: Callable[[Path], bool],
-        track: Callable[[str, str, object | None], Awaitable[None]] | None = None,
+        track: Tracker | None = None,
         source_name: str = "source",
         pod_wait_s: float = POD_WAIT_S,
         timeout_s: float = PUBLISH_TIMEOUT_S,
     ) -> None:
-        """`track(owner, namespace, source)`: the source keeps what `source` references current
-        (None: no longer); `source_name` names it in refusals."""
+        """`track`: the API source's (`Tracker`); without it tokens come from kubelet only.
+        `source_name` names the source in refusals."""
         self._state_path = state_path
         self.kubelet_dir = kubelet_dir
         self.node_name = node_name
@@ -102,7 +114,8 @@ class CsiNode:
         self._volumes = volumes
         self._kick = kick
         self._is_mount_point = is_mount_point
-        self._track = track or _track_nothing
+        self._track: Tracker = track or _track_nothing
+        self._can_request_tokens = track is not None
         self._source_name = source_name
         self._pod_wait_s = pod_wait_s
         self._timeout_s = timeout_s
@@ -139,10 +152,11 @@ class CsiNode:
                         Code.ALREADY_EXISTS,
                         f"target {target_path} is published for volume {other.volume_id}",
                     )
-            self._check_tokens(publication)
+            request_tokens = self._check_tokens(publication)
             name = _unique_name(volume_id)
-            await self._track(name, pod.namespace, publication.volume.source)  # (3)
-            self._put_tokens(publication, pod)
+            await self._track(name, pod, publication.volume, tokens=request_tokens)  # (3)
+            if not request_tokens:
+                self._put_tokens(publication, pod)
             self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
             if known is None:
                 self._published[volume_id] = publication
@@ -195,7 +209,10 @@ class CsiNode:
                 log.error("recorded csi volume dropped volume=%s error=%s", record.volume_id, exc)
                 continue
             name = _unique_name(record.volume_id)
-            await self._track(name, publication.pod.namespace, publication.volume.source)
+            pod = self._known_pod(publication.pod) or _bare_pod(publication.pod)
+            # Tokens are never recorded: requested, if the source can, until kubelet republishes.
+            tokens = self._can_request_tokens and bool(_token_projections(publication))
+            await self._track(name, pod, publication.volume, tokens=tokens)
             restored.append(publication)
         # No checkpoint from here to the kick: a reconciler pass must never see a target in the
         # actual state that is not in the desired state yet (it would tear it down).
@@ -259,15 +276,22 @@ class CsiNode:
         pod = self._store.get(ObjectKey(Kind.POD, identity.namespace, identity.name), Pod)
         return pod if pod is not None and pod.uid == identity.uid else None
 
-    def _check_tokens(self, publication: Publication) -> None:
+    def _check_tokens(self, publication: Publication) -> bool:
+        """True if the volume's tokens are to be requested by the source: kubelet passed not
+        all of them (the CSIDriver's tokenRequests lack an audience); without an API source
+        that is FAILED_PRECONDITION."""
         for projection in _token_projections(publication):
             if projection.audience not in publication.tokens:
+                if self._can_request_tokens:
+                    return True
                 raise CsiError(
                     Code.FAILED_PRECONDITION,
                     f"serviceAccountToken {projection.path!r}: no token for audience "
                     f"{projection.audience!r} in csi.storage.k8s.io/serviceAccount.tokens: list "
-                    f"it in the tokenRequests of the CSIDriver {DRIVER}",
+                    f"it in the tokenRequests of the CSIDriver {DRIVER} (the {self._source_name} "
+                    "requests none)",
                 )
+        return False
 
     def _put_tokens(self, publication: Publication, pod: Pod) -> None:
         """(3) kubelet's tokens, where the projection's renderer looks for them."""
@@ -284,7 +308,7 @@ class CsiNode:
         pod = _bare_pod(publication.pod)
         for projection in _token_projections(publication):
             self._store.delete(token_key(pod, projection))
-        await self._track(name, publication.pod.namespace, None)
+        await self._track(name, pod, None)
         await self._save()
 
     async def _save(self) -> None:

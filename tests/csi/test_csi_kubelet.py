@@ -146,7 +146,7 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
 ) -> None:
     web = pod(volumes=[csi_volume("config", configMap="later")])
     api.create(web)
-    with csi_agent() as (_agent, kubelet):
+    with csi_agent() as (agent, kubelet):
         with pytest.raises(grpc.RpcError) as failed:
             kubelet.publish(web, "config")
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
@@ -169,33 +169,59 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
         print(f"missing configMap served {time.monotonic() - started:.3f}s after it was created")
         assert (target / "k").read_text() == "v"
         assert is_mount_point(target)
+        # The pod force-deleted from the API before kubelet unpublished: still served (kubelet
+        # unpublishes in any case), still in `fusevol status`, and then unpublished as usual.
+        api.delete("Pod", "default", "web")
+        wait_for(lambda: "pod removed pod=default/web" in agent.log_text(), timeout_s=10)
+        wait_for(lambda: agent.volume_status(UID, "config").get("state") == "mounted")
+        assert "kubernetes.io/csi/fusevol.io^csi-" in str(agent.volume_status(UID, "config"))
+        assert (target / "k").read_text() == "v"
         kubelet.unpublish(web, "config")
+        wait_for(lambda: agent.volume_status(UID, "config") == {})
 
 
 def test_a_restart_serves_every_published_target_again(
     api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
 ) -> None:
+    """kill -9 and a start: every recorded target is served again, its content unchanged,
+    without kubelet's help. A token kubelet did not pass (its audience is not in the CSIDriver's
+    tokenRequests) is requested by TokenRequest, as for a pod-spec volume: before and after."""
     api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
     api.create(secret("creds", {"password": "hunter2"}))
-    web = pod(volumes=[csi_volume("config", configMap="app"), csi_volume("creds", secret="creds")])
+    web = pod(
+        volumes=[
+            csi_volume("config", configMap="app"),
+            csi_volume("creds", secret="creds"),
+            csi_volume("info", volume=json.dumps(WITH_TOKEN)),
+        ]
+    )
     api.create(web)
     with csi_agent() as (agent, kubelet):
-        config = kubelet.publish(web, "config")
-        creds = kubelet.publish(web, "creds")
-        before = {name: snapshot(path) for name, path in (("config", config), ("creds", creds))}
+        targets = {name: kubelet.publish(web, name) for name in ("config", "creds", "info")}
+        token = (targets["info"] / "token").read_text()
+        [claims] = api.tokens_issued
+        assert claims["aud"] == ["vault"]
+        assert claims["kubernetes.io"]["pod"] == {"name": "web", "uid": UID}
+        before = {name: snapshot(path, without="token") for name, path in targets.items()}
         agent.kill()  # kill -9
         agent.start()
         started = time.monotonic()
+
         # (The kernel may still answer a read of the dead bind from its page cache: only a
         # whole snapshot, every directory listed, shows the fresh bind.)
-        wait_for(
-            lambda: snapshot(config) == before["config"] and snapshot(creds) == before["creds"],
-            timeout_s=20,
-        )
+        def served_again() -> bool:
+            for name, path in targets.items():
+                now = snapshot(path, without="token")
+                assert now == before[name], (name, set(now.items()) ^ set(before[name].items()))
+            return True
+
+        wait_for(served_again, timeout_s=30)
         print(f"CSI targets served again {time.monotonic() - started:.3f}s after the agent's ready")
+        assert (targets["info"] / "token").read_text() != token  # a new TokenRequest's
+        assert len(api.tokens_issued) == 2
         # Still kubelet's: it unpublishes them as usual.
-        kubelet.unpublish(web, "config")
-        kubelet.unpublish(web, "creds")
+        for name in targets:
+            kubelet.unpublish(web, name)
         assert mounts_below(kubelet_dir) == []
 
 

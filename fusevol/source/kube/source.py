@@ -33,6 +33,7 @@ Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), str
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -51,6 +52,7 @@ from fusevol.model import (
     ProjectedVolumeSource,
     SecretProjection,
     SecretVolumeSource,
+    Volume,
 )
 from fusevol.settings import ChangeDetection
 from fusevol.source.kube.events import EventRecorder
@@ -120,6 +122,8 @@ class KubeSource:
         self._pods: dict[ObjectKey, Pod] = {}
         self._extra: dict[str, set[ObjectKey]] = {}
         """What CSI volumes reference (`track`), by volume."""
+        self._token_pods: dict[str, Pod] = {}
+        """A pod with just its CSI volume, for each CSI volume whose tokens are requested here."""
         self._objects: ObjectTracker | None = None
         self._pod_reflector: Reflector | None = None
 
@@ -227,21 +231,31 @@ class KubeSource:
         # (3)
         for pod in pods:
             self._store.upsert(pod)
-        self.tokens.retain(self._pods.values())
+        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
         self.events.forget({pod.uid for pod in self._pods.values()})
 
-    async def track(self, owner: str, namespace: str, source: object | None) -> None:
-        """Keep what `source` (a CSI volume's, in `namespace`) references tracked for `owner`,
-        as a pod's references are, and await its first copy; None stops tracking them."""
-        keys = set() if source is None else self._volume_references(namespace, source)
+    async def track(
+        self, owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
+    ) -> None:
+        """Keep what `volume` (a CSI volume of `pod`) references tracked for `owner`, as a pod's
+        references are, and await its first copy; with `tokens`, get its serviceAccountToken
+        projections' tokens by TokenRequest as for a pod's (kubelet passed none). None: stop."""
+        keys = set() if volume is None else self._volume_references(pod.namespace, volume.source)
         if keys:
             self._extra[owner] = keys
         else:
             self._extra.pop(owner, None)
+        if tokens and volume is not None:
+            self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
+        else:
+            self._token_pods.pop(owner, None)
+        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
         if self._objects is not None:
             self._objects.set_wanted(self._wanted())
             if keys:
                 await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
+        if owner in self._token_pods:
+            await self.tokens.ensure([self._token_pods[owner]])
 
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
