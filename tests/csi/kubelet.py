@@ -10,8 +10,8 @@ tokens, `tokenRequests` + `requiresRepublish`):
   driverName, nodeName, attachmentID, volumeLifecycleMode);
 - `SetUpAt` (csi_mounter.go): MkdirAll(parent of target, 0750); volume context = the pod's
   `volumeAttributes` + the podInfoOnMount keys (+ `serviceAccount.tokens` as JSON
-  audience -> TokenRequestStatus); NodeGetCapabilities (csi_client.go asks whether
-  VOLUME_MOUNT_GROUP is supported before it passes the fsGroup); NodePublishVolume with volume id
+  audience -> TokenRequestStatus); NodeGetCapabilities (`NodeSupportsVolumeMountGroup`, asked on
+  every SetUp: with VOLUME_MOUNT_GROUP the fsGroup goes to the driver); NodePublishVolume with id
   `csi-<sha256(pod uid + volume name)>`, the target `.../<volume>/mount`, readonly from the pod's
   `csi.readOnly`, access mode SINGLE_NODE_WRITER, mount capability with `fsType` (empty when
   unset), no mount flags, `volume_mount_group` = fsGroup; on a final error (any code but
@@ -138,8 +138,14 @@ class Kubelet:
             )
         fs_group = (spec.get("securityContext") or {}).get("fsGroup")
         mount = pb.VolumeCapability.MountVolume(fs_type=csi.get("fsType", ""), mount_flags=[])
-        if fs_group is not None and self._supports_mount_group():
+        # v1.28 asks every time (DelegateFSGroupToCSIDriver is GA), fsGroup or not.
+        if self._supports_mount_group() and fs_group is not None:
             mount.volume_mount_group = str(fs_group)
+        # csi_client.go's getNodeV1AccessModeMapper asks again: ReadWriteOnce is
+        # SINGLE_NODE_SINGLE_WRITER for a driver with SINGLE_NODE_MULTI_WRITER, else
+        # SINGLE_NODE_WRITER.
+        modes = pb.VolumeCapability.AccessMode
+        multi_writer = pb.NodeServiceCapability.RPC.SINGLE_NODE_MULTI_WRITER in self._capabilities()
         request = pb.NodePublishVolumeRequest(
             volume_id=handle,
             target_path=str(target),
@@ -147,8 +153,10 @@ class Kubelet:
             volume_context=context,
             volume_capability=pb.VolumeCapability(
                 mount=mount,
-                access_mode=pb.VolumeCapability.AccessMode(
-                    mode=pb.VolumeCapability.AccessMode.SINGLE_NODE_WRITER
+                access_mode=modes(
+                    mode=modes.SINGLE_NODE_SINGLE_WRITER
+                    if multi_writer
+                    else modes.SINGLE_NODE_WRITER
                 ),
             ),
         )
@@ -169,15 +177,17 @@ class Kubelet:
         self._call("Node", "NodeUnpublishVolume", request, pb.NodeUnpublishVolumeResponse)
         self._remove_mount_dir(target)
 
-    def _supports_mount_group(self) -> bool:
+    def _capabilities(self) -> set[int]:
         answer = self._call(
             "Node",
             "NodeGetCapabilities",
             pb.NodeGetCapabilitiesRequest(),
             pb.NodeGetCapabilitiesResponse,
         )
-        wanted = pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP
-        return any(c.rpc.type == wanted for c in answer.capabilities)
+        return {c.rpc.type for c in answer.capabilities}
+
+    def _supports_mount_group(self) -> bool:
+        return pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP in self._capabilities()
 
     def _remove_mount_dir(self, target: Path) -> None:
         if is_mount_point(target):

@@ -109,7 +109,7 @@ def test_kubelet_publishes_configmap_secret_and_projected_volumes(
         assert snapshot(info, without="token") == snapshot(ref_info)
         assert (config / "..data").stat().st_gid == 2000  # fsGroup via volume_mount_group
         assert kubelet.calls[:3] == ["GetPluginInfo", "NodeGetInfo", "Probe"]
-        assert "NodeGetCapabilities" in kubelet.calls
+        assert kubelet.calls[3:6] == ["NodeGetCapabilities"] * 2 + ["NodePublishVolume"]
         # Nothing secret in the agent's record of its targets.
         record = (agent.root / "fusevol" / "csi.json").read_text()
         assert "token-1" not in record
