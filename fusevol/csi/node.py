@@ -8,7 +8,9 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
     2. refuses a handle already published with other attributes or at another target, and a
        target already published under another handle (ALREADY_EXISTS);
     3. has the source track what the volume references (`track`: the API source watches it as a
-       pod's reference), and puts kubelet's tokens into the store (memory only);
+       pod's reference), and puts kubelet's tokens into the store (memory only); if kubelet passed
+       not every audience the volume needs, the API source requests them all by TokenRequest
+       instead, as for a pod-spec volume (the manifest source cannot: FAILED_PRECONDITION);
     4. adds the `CsiVolume` to the desired state, records it (`state`), kicks the reconciler;
     5. waits until the volume is set up with its current inputs (or its operation failed, or
        PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet retries, and
@@ -18,7 +20,8 @@ An unpublish removes the volume from the desired state and waits for its tear-do
 unmounted, the target removed); an unknown handle or target is a success that touches nothing.
 After a restart (`restore`), each recorded target is an UNCERTAIN actual-state entry when it is
 still a mount point, so that the reconciler stacks a fresh bind on the dead one, as for pod
-volumes; tokens come back with kubelet's next republish.
+volumes (`restored`: a lame duck is released once they are stacked too); tokens, never recorded,
+are requested by the API source until kubelet's next republish brings its own.
 """
 
 from __future__ import annotations
