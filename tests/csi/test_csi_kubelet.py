@@ -175,6 +175,7 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
         wait_for(lambda: "pod removed pod=default/web" in agent.log_text(), timeout_s=10)
         wait_for(lambda: agent.volume_status(UID, "config").get("state") == "mounted")
         assert "kubernetes.io/csi/fusevol.io^csi-" in str(agent.volume_status(UID, "config"))
+        assert "config" in agent.status()  # `fusevol status` renders it
         assert (target / "k").read_text() == "v"
         kubelet.unpublish(web, "config")
         wait_for(lambda: agent.volume_status(UID, "config") == {})
