@@ -34,7 +34,7 @@ import dataclasses
 import functools
 import logging
 import signal
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 import trio
 
@@ -75,6 +75,8 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
+    from fusevol.csi.node import Tracker
+    from fusevol.csi.server import CsiServer
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.settings import Settings
 
@@ -98,12 +100,21 @@ class Source(Protocol):
         """A frozen dataclass of counters, for the status snapshot."""
 
 
-def _build_source(
-    settings: Settings, store: ObjectStore
-) -> tuple[Source, VolumeRecorder, ManifestVolumeRecorder | None]:
-    """The source the settings ask for, and where provisioned PVs are recorded: through the API
-    with the Kubernetes source, in `<root>/fusevol/provisioned.json` with manifests (returned
-    a third time: the agent loads it before any source runs)."""
+class BuiltSource(NamedTuple):
+    source: Source
+    recorder: VolumeRecorder
+    """Where provisioned PVs are recorded: through the API, or in the agent's own file."""
+    manifest_recorder: ManifestVolumeRecorder | None
+    """The agent's own record, which it loads before any source runs (manifests only)."""
+    csi_track: Tracker | None
+    """How the CSI plugin has the source keep a published volume's objects current (the API
+    source's `track`; None for manifests, which hold every object of their directory)."""
+    name: str
+    """The source in the CSI plugin's refusals."""
+
+
+def _build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
+    """The source the settings ask for, and what the agent needs of it."""
     if settings.kube is not None:
         # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
         from fusevol.source.kube.client import KubeClient
@@ -121,7 +132,7 @@ def _build_source(
             settings=settings.kube,
             recorder=recorder,
         )
-        return source, recorder, None
+        return BuiltSource(source, recorder, None, source.track, "API source")
     if settings.manifests is None:
         raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
     manifest_recorder = ManifestVolumeRecorder(
@@ -130,7 +141,7 @@ def _build_source(
     manifests = ManifestSource(
         directory=settings.manifests, node_name=settings.node_name, store=store
     )
-    return manifests, manifest_recorder, manifest_recorder
+    return BuiltSource(manifests, manifest_recorder, manifest_recorder, None, "manifest source")
 
 
 class Agent:
@@ -172,9 +183,11 @@ class Agent:
             observe_propagation=self.metrics.update_propagation.observe,
             git_timeout_s=settings.mount.git_timeout_s,
         )
-        self.source, recorder, self._manifest_recorder = _build_source(settings, self.store)
+        built = _build_source(settings, self.store)
+        self.source = built.source
+        self._manifest_recorder = built.manifest_recorder
         self.provisioner = HostPathProvisioner(
-            root=root, node_name=settings.node_name, store=self.store, recorder=recorder
+            root=root, node_name=settings.node_name, store=self.store, recorder=built.recorder
         )
         self.status = StatusReporter(
             root=root,
@@ -195,6 +208,7 @@ class Agent:
                     ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
                     FirstSeen(path=layout.first_seen_file(root)),
                 ),
+                pod_volumes=settings.csi is None,  # CSI: what kubelet publishes, only
             ),
             desired=self.desired,
             actual=self.actual,
@@ -221,6 +235,30 @@ class Agent:
             tree=self.tree,
             operations=self.operations,
         )
+        # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
+        self.csi: CsiServer | None = None
+        if settings.csi is not None:
+            from fusevol.csi.node import CsiNode
+            from fusevol.csi.server import CsiServer
+
+            self.csi = CsiServer(
+                endpoint=settings.csi.endpoint,
+                node=CsiNode(
+                    state_path=layout.csi_file(root),
+                    kubelet_dir=settings.csi.kubelet_dir,
+                    node_name=settings.node_name,
+                    store=self.store,
+                    desired=self.desired,
+                    actual=self.actual,
+                    executor=self.executor,
+                    volumes=self.volumes,
+                    kick=self.reconciler.kick,
+                    is_mount_point=self.backend.is_mount_point,
+                    track=built.csi_track,
+                    source_name=built.name,
+                ),
+                ready=lambda: self._fuse_up and self.store.synced and self.reconciler.passes > 0,
+            )
         self._fuse_up = False
         self.handover = False
         """Set by `stop()`: leave the pod volumes mounted for the next agent."""
@@ -270,6 +308,9 @@ class Agent:
                             nursery.start_soon(sdnotify.watchdog)
                             await nursery.start(self.source.run)  # (5)
                             await nursery.start(self.reconciler.run)  # (6)
+                            if self.csi is not None:  # CSI node plugin: after the reconciler
+                                await nursery.start(self.csi.run)
+                                found = [*found, *self.csi.node.restored]  # a lame duck's too
                             if predecessor is not None:
                                 release = functools.partial(
                                     release_once_set_up,

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 from fusevol import __version__, log
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
-from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
+from fusevol.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -107,6 +107,18 @@ def _parser() -> argparse.ArgumentParser:
         "--http-host", default=_env("http-host", "0.0.0.0"), help="address to listen on"
     )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
+    run.add_argument(
+        "--csi-endpoint",
+        default=_env("csi-endpoint", ""),
+        help="serve the CSI node plugin fusevol.io at unix:///path/csi.sock: pods get volumes "
+        "through kubelet (then pods' own volumes are not set up)",
+    )
+    run.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=_env("kubelet-dir", "/var/lib/kubelet"),
+        help="kubelet's root directory: CSI target paths must be below it",
+    )
 
     teardown = commands.add_parser(
         "teardown",
@@ -178,6 +190,9 @@ def _run(args: argparse.Namespace) -> int:
         kube=kube,
         node_allocatable=allocatable,
         http=HttpSettings(host=args.http_host, port=args.http_port),
+        csi=CsiSettings(args.csi_endpoint, args.kubelet_dir.absolute())
+        if args.csi_endpoint
+        else None,
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")

@@ -6,6 +6,7 @@
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node
     <root>/fusevol/seen.json                              when each pod was first seen
+    <root>/fusevol/csi.json                               CSI targets published by kubelet
     <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
 
 Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
@@ -152,6 +153,11 @@ def provisioned_file(root: Path) -> Path:
 def first_seen_file(root: Path) -> Path:
     """When the agent first saw each pod (`fusevol.cache.seen`): pod uids and times only."""
     return agent_dir(root) / "seen.json"
+
+
+def csi_file(root: Path) -> Path:
+    """The CSI targets kubelet published (`fusevol.csi.state`): served again after a restart."""
+    return agent_dir(root) / "csi.json"
 
 
 def default_provisioning_base(root: Path) -> Path:

@@ -15,6 +15,11 @@ node for it (`volume.kubernetes.io/selected-node`: its pod gets a node once it i
 whose PV is recorded already (the Kubernetes source: created, the PV controller's binding not seen
 yet) is not collected again.
 
+CSI volumes (`DesiredState.set_csi`, from kubelet's NodePublishVolume) are resolved again on
+every pass with the current copy of their pod, so downward API files follow it; a pod gone from
+the store keeps its last copy until kubelet unpublishes. With `pod_volumes=False` (CSI mode: the
+agent serves what kubelet asks for) the pods' own `spec.volumes` are not set up.
+
 `has_added_pods` turns true after the first pass that follows the sources' complete initial
 listing: until then nothing may be torn down, or a restart would unmount volumes whose pods simply
 have not been read yet (kubelet's `HasAddedPods`).
@@ -37,7 +42,7 @@ import enum
 import logging
 from typing import TYPE_CHECKING
 
-from fusevol.cache.desired import VolumeToServe
+from fusevol.cache.desired import CsiVolume, VolumeToServe
 from fusevol.layout import plugin_for, unique_volume_name
 from fusevol.model import (
     Kind,
@@ -46,6 +51,7 @@ from fusevol.model import (
     PersistentVolume,
     PersistentVolumeClaim,
     PersistentVolumeClaimVolumeSource,
+    Pod,
     StorageClass,
     UniqueVolumeName,
     UnsupportedVolumeSource,
@@ -56,7 +62,7 @@ if TYPE_CHECKING:
     from fusevol.cache.desired import DesiredState
     from fusevol.cache.seen import FirstSeen
     from fusevol.cache.store import ObjectStore
-    from fusevol.model import Pod, PodUID, Volume
+    from fusevol.model import PodUID, Volume
     from fusevol.provision.hostpath import HostPathProvisioner
 
 log = logging.getLogger(__name__)
@@ -102,8 +108,12 @@ class Populator:
         desired: DesiredState,
         provisioner: HostPathProvisioner | None = None,
         annotations: KubeletAnnotations | None = None,
+        pod_volumes: bool = True,
     ) -> None:
-        """`annotations`: kubelet's annotations to add to every pod (None: pods as they are)."""
+        """`annotations`: kubelet's annotations to add to every pod (None: pods as they are).
+        `pod_volumes`: serve the pods' own `spec.volumes` (False in CSI mode: only what kubelet
+        publishes)."""
+        self._pod_volumes = pod_volumes
         self._store = store
         self._desired = desired
         self._provisioner = provisioner
@@ -133,9 +143,15 @@ class Populator:
                 self._annotations.first_seen.retain(pods.keys())
             self._annotations.first_seen.save()  # before any volume shows a new time
         for pod in pods.values():
-            volumes = tuple(self.resolve(pod, volume) for volume in pod.volumes)
+            volumes = (
+                tuple(self.resolve(pod, volume) for volume in pod.volumes)
+                if self._pod_volumes
+                else ()
+            )
             if self._desired.set_pod(pod, volumes):
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+        for csi in self._desired.csi_volumes():
+            self._desired.set_resolved(csi.name, self.resolve_csi(csi))
         self._collect_selected_claims()
         if synced:
             self._has_added_pods = True
@@ -185,6 +201,16 @@ class Populator:
             source=source,
             read_only=read_only,
         )
+
+    def resolve_csi(self, csi: CsiVolume) -> VolumeToServe:
+        """A CSI volume with the store's copy of its pod (the same uid), else the one it has;
+        fsGroup is the publish's `volume_mount_group`, and the bind is at kubelet's target."""
+        pod = self._store.get(csi.pod.key, Pod)
+        if pod is None or pod.uid != csi.pod.uid:
+            pod = csi.pod
+        pod = dataclasses.replace(pod, fs_group=csi.fs_group)
+        resolved = self.resolve(pod, csi.volume)
+        return dataclasses.replace(resolved, name=csi.name, read_only=True, target=csi.target)
 
     def _resolve_claim(
         self, pod: Pod, volume: Volume, source: PersistentVolumeClaimVolumeSource

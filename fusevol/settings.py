@@ -77,6 +77,16 @@ class KubeSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class CsiSettings:
+    """The CSI node plugin (`fusevol.csi`)."""
+
+    endpoint: str
+    """Where to serve CSI's Identity and Node services: `unix:///path/csi.sock`."""
+    kubelet_dir: Path
+    """kubelet's --root-dir: every target path must be a CSI volume target below it."""
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     root: Path
     """The agent's root directory: kubelet's --root-dir layout (`pods/<uid>/volumes/...`)."""
@@ -94,3 +104,5 @@ class Settings:
     reconcile: ReconcileSettings = field(default_factory=ReconcileSettings)
     mount: MountSettings = field(default_factory=MountSettings)
     http: HttpSettings = field(default_factory=HttpSettings)
+    csi: CsiSettings | None = None
+    """Serve kubelet's CSI calls (then only what kubelet publishes is served, not pod volumes)."""

@@ -75,7 +75,17 @@ class StatusReporter:
                 "volumes": {},
             }
         for volume in self._desired.volumes_to_serve():
-            entry = pods[volume.pod.uid]["volumes"]
+            pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)
+            entry = pods.setdefault(
+                pod.uid,
+                {
+                    "uid": pod.uid,
+                    "namespace": pod.namespace,
+                    "name": pod.name,
+                    "desired": True,
+                    "volumes": {},
+                },
+            )["volumes"]
             entry[volume.volume.name] = self._volume(volume.name, volume.volume.name, now)
             entry[volume.volume.name]["objects"] = self._object_versions(volume)
             entry[volume.volume.name]["type"] = (

@@ -115,7 +115,7 @@ class AgentProcess:
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
         log.close()
         wait_for(
-            lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=20
+            lambda: self._exited_early() or " ready " in self.log_text()[offset:], timeout_s=60
         )
         wait_for(layout.status_file(self.root).exists)
         launcher = self.process.pid

@@ -104,7 +104,10 @@ class ServedVolumes:
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
 
     def path(self, volume: VolumeToServe) -> Path:
+        """The pod volume directory, or a CSI volume's target path."""
         assert volume.plugin is not None
+        if volume.target is not None:
+            return volume.target
         return layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.spec_name)
 
     def inputs(self, volume: VolumeToServe) -> Hashable:

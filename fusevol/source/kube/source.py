@@ -33,6 +33,7 @@ Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), str
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ from fusevol.model import (
     PersistentVolumeClaim,
     PersistentVolumeClaimVolumeSource,
     Pod,
+    Volume,
     VolumeSource,
     referenced_objects,
 )
@@ -116,6 +118,10 @@ class KubeSource:
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
+        self._extra: dict[str, set[ObjectKey]] = {}
+        """What CSI volumes reference (`track`), by volume."""
+        self._token_pods: dict[str, Pod] = {}
+        """A pod with just its CSI volume, for each CSI volume whose tokens are requested here."""
         self._objects: ObjectTracker | None = None
         self._pod_reflector: Reflector | None = None
 
@@ -175,8 +181,11 @@ class KubeSource:
                     await self._objects.sync()
 
     def volume_failed(self, volume: VolumeToServe, error: str) -> None:
-        """kubelet's FailedMount event on the volume's pod (rate-limited, never blocks)."""
-        self.events.failed_mount(volume.pod, volume.spec_name, error)
+        """kubelet's FailedMount event on the volume's pod (rate-limited, never blocks). Not for
+        a CSI volume: its failure reaches kubelet as the publish's error, and kubelet records
+        the event."""
+        if volume.target is None:
+            self.events.failed_mount(volume.pod, volume.spec_name, error)
 
     def statistics(self) -> KubeSourceStatistics:
         stats = self._pod_reflector.stats if self._pod_reflector is not None else None
@@ -227,8 +236,31 @@ class KubeSource:
         # (3)
         for pod in pods:
             self._store.upsert(pod)
-        self.tokens.retain(self._pods.values())
+        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
         self.events.forget({pod.uid for pod in self._pods.values()})
+
+    async def track(
+        self, owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
+    ) -> None:
+        """Keep what `volume` (a CSI volume of `pod`) references tracked for `owner`, as a pod's
+        references are, and await its first copy; with `tokens`, get its serviceAccountToken
+        projections' tokens by TokenRequest as for a pod's (kubelet passed none). None: stop."""
+        keys = set() if volume is None else self._volume_references(pod, volume.source)
+        if keys:
+            self._extra[owner] = keys
+        else:
+            self._extra.pop(owner, None)
+        if tokens and volume is not None:
+            self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
+        else:
+            self._token_pods.pop(owner, None)
+        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
+        if self._objects is not None:
+            self._objects.set_wanted(self._wanted())
+            if keys:
+                await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
+        if owner in self._token_pods:
+            await self.tokens.ensure([self._token_pods[owner]])
 
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
@@ -239,7 +271,7 @@ class KubeSource:
     def _wanted(self) -> set[ObjectKey]:
         """Everything to track: the pods' references, the claims of the PVs provisioned here, the
         claims selected for this node (and what they reference)."""
-        keys = self._references(self._pods.values())
+        keys = self._references(self._pods.values()).union(*self._extra.values())
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
         if self._selected is not None:

@@ -65,3 +65,8 @@ source.kubernetes.
 {{- fail "source.manifests.hostPath: set the host directory of manifests to serve (or source.kubernetes)" }}
 {{- end }}
 {{- end }}
+
+{{/* The CSI plugin socket on the node: where kubelet and the registrar reach the agent. */}}
+{{- define "fusevol.csiSocket" -}}
+{{- printf "%s/plugins/fusevol.io/csi.sock" .Values.csi.kubeletDir }}
+{{- end }}

@@ -1,0 +1,12 @@
+"""The CSI node plugin (driver `fusevol.io`): kubelet's way to put a fusevol volume into a pod.
+
+kubelet calls NodePublishVolume with a target path inside its pod directory; the agent serves
+what the pod's `volumeAttributes` describe (a configMap, secret, downwardAPI or projected volume
+source) at that path, through its one reconciler, as it serves pod-spec volumes.
+
+    csi.proto, csi_pb2.py(i)  the CSI v1 messages used (generated: see csi.proto's header)
+    attributes.py             request -> what to serve, for whom, where; every check on its input
+    node.py                   publish / unpublish / restore, in trio, through the reconciler
+    state.py                  the published targets, recorded under <root>/fusevol (no secrets)
+    server.py                 the gRPC Identity and Node services on a unix socket
+"""

@@ -1,0 +1,283 @@
+"""A NodePublishVolume request -> what to serve, for whom, where: checked, or a `CsiError`.
+
+Owns the volume attributes fusevol's CSI driver reads (a pod's `csi.volumeAttributes`, which
+kubelet passes as `volume_context`), kubelet's `podInfoOnMount` keys, its
+`serviceAccount.tokens`, and the checks of the target path. What to serve is exactly one of:
+
+    configMap: NAME          shorthand for `configMap: {name: NAME}`
+    secret: NAME             shorthand for `secret: {secretName: NAME}`
+    volume: <YAML or JSON>   one configMap, secret, downwardAPI or projected volume source, as in
+                             a pod spec (`{configMap: {name: app, items: [...]}}`)
+
+parsed by the pod-spec parser (`fusevol.decode.volume_sources.parse_volumes`), so the same
+defaulting and validation apply. Confinement (anyone who may create a pod writes these
+attributes): objects come from the pod's own namespace only, so an attribute `namespace` (or a `namespace` key anywhere in
+`volume`) naming another one is refused; any other volume type (hostPath, ...) is refused; the
+target must be kubelet's `<kubelet dir>/pods/<pod uid>/volumes/kubernetes.io~csi/<volume>/mount`
+for the pod the request names, below no symlink; and the volume handle must be kubelet's handle
+for that pod volume (`csi-` + hex sha256 of pod uid and volume name).
+
+Excludes: whether the pod is one of this node's (`fusevol.csi.node`), the gRPC codes
+(`fusevol.csi.server`).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import yaml
+
+from fusevol.decode.reader import Reader
+from fusevol.decode.volume_sources import parse_volumes
+from fusevol.errors import FusevolError, ManifestError
+from fusevol.model import PodUID, Volume, VolumeName, VolumeSource
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+DRIVER = "fusevol.io"
+POD_NAME = "csi.storage.k8s.io/pod.name"
+POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
+POD_UID = "csi.storage.k8s.io/pod.uid"
+SERVICE_ACCOUNT = "csi.storage.k8s.io/serviceAccount.name"
+EPHEMERAL = "csi.storage.k8s.io/ephemeral"
+TOKENS = "csi.storage.k8s.io/serviceAccount.tokens"
+KUBELET_PREFIX = "csi.storage.k8s.io/"
+ATTRIBUTES = ("configMap", "secret", "volume")
+SERVED_TYPES = ("configMap", "secret", "downwardAPI", "projected")
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+class Code(enum.Enum):
+    """The gRPC status a failed request answers (`fusevol.csi.server` maps them)."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"
+    PERMISSION_DENIED = "PERMISSION_DENIED"
+    NOT_FOUND = "NOT_FOUND"
+    ALREADY_EXISTS = "ALREADY_EXISTS"
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"
+    UNAVAILABLE = "UNAVAILABLE"
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+
+
+class CsiError(FusevolError):
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    """Who kubelet says the volume is for (`podInfoOnMount`)."""
+
+    namespace: str
+    name: str
+    uid: PodUID
+    service_account: str
+
+
+@dataclass(frozen=True, slots=True)
+class Publication:
+    """One checked NodePublishVolume: everything but the tokens is what the agent records."""
+
+    volume_id: str
+    target: Path
+    pod: PodIdentity
+    volume: Volume
+    attributes: Mapping[str, str]
+    """The volume context without the tokens: compared on a repeated publish, recorded."""
+    fs_group: int | None = None
+    tokens: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    """audience -> token, from `csi.storage.k8s.io/serviceAccount.tokens`; memory only."""
+
+
+def parse(
+    *,
+    volume_id: str,
+    target_path: str,
+    context: Mapping[str, str],
+    volume_mount_group: str,
+    kubelet_dir: Path,
+) -> Publication:
+    """Check a NodePublishVolume request and say what it asks for (module docstring)."""
+    pod = _pod_identity(context)
+    volume_name = _check_target(target_path, pod.uid, kubelet_dir)
+    expected = volume_handle(pod.uid, volume_name)
+    if volume_id != expected:
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"volume_id {volume_id!r} is not kubelet's handle of volume {volume_name!r} of pod "
+            f"{pod.namespace}/{pod.name} ({expected}); only inline ephemeral volumes are served",
+        )
+    attributes = {k: v for k, v in context.items() if k != TOKENS}
+    source = _volume_source(attributes, pod, volume_name)
+    fs_group = None
+    if volume_mount_group:
+        if not volume_mount_group.isdigit() or int(volume_mount_group) > 2**31 - 1:
+            raise CsiError(
+                Code.INVALID_ARGUMENT,
+                f"volume_mount_group {volume_mount_group!r} is not a group id",
+            )
+        fs_group = int(volume_mount_group)
+    return Publication(
+        volume_id,
+        Path(target_path),
+        pod,
+        Volume(VolumeName(volume_name), source),
+        attributes,
+        fs_group,
+        _tokens(context.get(TOKENS)),
+    )
+
+
+def volume_handle(uid: str, volume_name: str) -> str:
+    """kubelet's handle of an inline CSI volume (`makeVolumeHandle`)."""
+    return "csi-" + hashlib.sha256(f"{uid}{volume_name}".encode()).hexdigest()
+
+
+def _pod_identity(context: Mapping[str, str]) -> PodIdentity:
+    missing = [k for k in (POD_NAME, POD_NAMESPACE, POD_UID) if not context.get(k)]
+    if missing:
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"volume_context has no {', '.join(missing)}: the CSIDriver {DRIVER} must set "
+            "podInfoOnMount: true",
+        )
+    if context.get(EPHEMERAL, "true") != "true":
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"{EPHEMERAL} is {context[EPHEMERAL]!r}: {DRIVER} serves inline ephemeral volumes only",
+        )
+    return PodIdentity(
+        context[POD_NAMESPACE],
+        context[POD_NAME],
+        PodUID(context[POD_UID]),
+        context.get(SERVICE_ACCOUNT) or "default",
+    )
+
+
+def _check_target(target_path: str, uid: str, kubelet_dir: Path) -> str:
+    """The pod volume name, if `target_path` is kubelet's target of a CSI volume of pod `uid`."""
+    pods = os.path.realpath(kubelet_dir / "pods")
+    parts = Path(target_path).parts
+    if (
+        not os.path.isabs(target_path)
+        or os.path.normpath(target_path) != target_path
+        or len(parts) < 7
+        or parts[-6:] != ("pods", uid, "volumes", "kubernetes.io~csi", parts[-2], "mount")
+        or not _NAME.fullmatch(parts[-2])
+        or os.path.realpath(Path(*parts[:-6])) != os.path.realpath(kubelet_dir)
+    ):
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"target_path {target_path!r} is not {kubelet_dir}/pods/{uid}/volumes/"
+            "kubernetes.io~csi/<volume>/mount (the kubelet directory is --kubelet-dir)",
+        )
+    parent = Path(target_path).parent
+    if not parent.is_dir() or os.path.realpath(parent) != os.path.join(
+        pods, uid, "volumes", "kubernetes.io~csi", parts[-2]
+    ):
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            f"target_path {target_path!r}: its parent is not a directory kubelet made "
+            "(missing, or a symlink)",
+        )
+    return parts[-2]
+
+
+def _volume_source(
+    attributes: Mapping[str, str], pod: PodIdentity, volume_name: str
+) -> VolumeSource:
+    for key, value in attributes.items():
+        if key == "namespace":
+            if value != pod.namespace:
+                raise CsiError(
+                    Code.PERMISSION_DENIED,
+                    f"volumeAttributes namespace {value!r}: objects come only from the pod's own "
+                    f"namespace {pod.namespace!r}",
+                )
+        elif key not in ATTRIBUTES and not key.startswith(KUBELET_PREFIX):
+            raise CsiError(
+                Code.INVALID_ARGUMENT,
+                f"volumeAttributes {key!r} is not known: give one of configMap, secret, volume",
+            )
+    given = [key for key in ATTRIBUTES if key in attributes]
+    if len(given) != 1:
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            "volumeAttributes must give exactly one of configMap, secret, volume"
+            + (f" (got {', '.join(given)})" if given else ""),
+        )
+    key = given[0]
+    value = attributes[key]
+    entry: dict[str, object]
+    if key == "configMap":
+        entry = {"configMap": {"name": value}}
+    elif key == "secret":
+        entry = {"secret": {"secretName": value}}
+    else:
+        entry = _parse_volume(value, pod)
+    reader = Reader(origin=f"volumeAttributes {key!r}", subject=f"pod {pod.namespace}/{pod.name}")
+    try:
+        (volume,) = parse_volumes(reader, [{"name": volume_name, **entry}])
+    except ManifestError as exc:
+        # The parser names the field from the pod spec down; the volume entry here is implied.
+        raise CsiError(Code.INVALID_ARGUMENT, str(exc).replace("spec.volumes[0].", "", 1)) from None
+    return volume.source
+
+
+def _parse_volume(text: str, pod: PodIdentity) -> dict[str, object]:
+    try:
+        value = yaml.safe_load(text)  # JSON is YAML
+    except yaml.YAMLError as exc:
+        raise CsiError(
+            Code.INVALID_ARGUMENT, f"volumeAttributes 'volume' is not YAML or JSON: {exc}"
+        ) from None
+    if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in SERVED_TYPES:
+        raise CsiError(
+            Code.INVALID_ARGUMENT,
+            "volumeAttributes 'volume' must be a mapping with one key, the volume type: "
+            + ", ".join(SERVED_TYPES),
+        )
+    for namespace in _namespaces(value):
+        if namespace != pod.namespace:
+            raise CsiError(
+                Code.PERMISSION_DENIED,
+                f"volumeAttributes 'volume' names namespace {namespace!r}: objects come only "
+                f"from the pod's own namespace {pod.namespace!r}",
+            )
+    return value
+
+
+def _namespaces(value: object) -> list[object]:
+    """Every value of a `namespace` key, at any depth."""
+    found: list[object] = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if key == "namespace":
+                found.append(item)
+            found.extend(_namespaces(item))
+    elif isinstance(value, list):
+        for item in value:
+            found.extend(_namespaces(item))
+    return found
+
+
+def _tokens(text: str | None) -> dict[str, bytes]:
+    """kubelet's `serviceAccount.tokens`: audience -> {"token", "expirationTimestamp"}."""
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+        return {str(aud): str(status["token"]).encode() for aud, status in value.items()}
+    except (ValueError, TypeError, KeyError, AttributeError):
+        raise CsiError(
+            Code.INVALID_ARGUMENT, f"{TOKENS} is not kubelet's map of audience to token"
+        ) from None

@@ -1,0 +1,203 @@
+"""The CSI Identity and Node services of driver `fusevol.io`, over gRPC on a unix socket.
+
+grpcio serves the calls in its own worker threads; each handler calls into the trio agent with
+`trio.from_thread.run` (`CsiNode` does the work there) and maps a `CsiError` to its gRPC status.
+The service table is written here rather than generated (`csi_pb2_grpc.py`): the generated one is
+untyped, and seven typed lines say the same. Messages are generated from `csi.proto`.
+
+    Identity  GetPluginInfo          fusevol.io and fusevol's version
+              GetPluginCapabilities  none (no controller service: inline volumes need none)
+              Probe                  ready once the FUSE server and the sources are up
+    Node      NodeGetInfo            node id = the node name
+              NodeGetCapabilities    VOLUME_MOUNT_GROUP: kubelet hands over fsGroup, no chown walk
+              NodePublishVolume      `CsiNode.publish`
+              NodeUnpublishVolume    `CsiNode.unpublish`
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import stat
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import trio
+from google.protobuf import wrappers_pb2
+
+from fusevol import __version__
+from fusevol.csi import csi_pb2 as pb
+from fusevol.csi.attributes import DRIVER, CsiError
+from fusevol.errors import FusevolError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from google.protobuf.message import Message
+
+    from fusevol.csi.node import CsiNode
+
+log = logging.getLogger(__name__)
+
+WORKERS = 8
+"""gRPC worker threads: kubelet makes few concurrent calls; each blocked one holds a thread."""
+MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+
+
+def socket_path(endpoint: str) -> Path:
+    """`unix:///path`, `unix:/path` or `/path` -> the socket's path."""
+    path = endpoint.removeprefix("unix://").removeprefix("unix:")
+    if not path.startswith("/"):
+        raise FusevolError(f"--csi-endpoint {endpoint!r}: give unix:///absolute/path/csi.sock")
+    return Path(path)
+
+
+class CsiServer:
+    def __init__(self, *, endpoint: str, node: CsiNode, ready: Callable[[], bool]) -> None:
+        self.path = socket_path(endpoint)
+        self.node = node
+        self._ready = ready
+        self._token: trio.lowlevel.TrioToken | None = None
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve until cancelled: restore the recorded targets, then listen."""
+        self._token = trio.lowlevel.current_trio_token()
+        await self.node.restore()
+        await trio.to_thread.run_sync(_remove_stale_socket, self.path)
+        server = grpc.server(
+            ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"),
+            handlers=self._handlers(),
+            options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
+        )
+        try:
+            server.add_insecure_port(f"unix:{self.path}")
+        except RuntimeError as exc:
+            raise FusevolError(f"csi: cannot listen on {self.path}: {exc}") from None
+        server.start()
+        try:
+            log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
+            task_status.started()
+            await trio.sleep_forever()
+        finally:
+            server.stop(grace=None)  # cancels calls in flight; kubelet retries them
+            with contextlib.suppress(FileNotFoundError):
+                self.path.unlink()
+
+    def _handlers(self) -> list[grpc.GenericRpcHandler]:
+        identity = {
+            "GetPluginInfo": _unary(pb.GetPluginInfoRequest, self._get_plugin_info),
+            "GetPluginCapabilities": _unary(
+                pb.GetPluginCapabilitiesRequest, self._get_plugin_capabilities
+            ),
+            "Probe": _unary(pb.ProbeRequest, self._probe),
+        }
+        node = {
+            "NodeGetInfo": _unary(pb.NodeGetInfoRequest, self._node_get_info),
+            "NodeGetCapabilities": _unary(pb.NodeGetCapabilitiesRequest, self._node_capabilities),
+            "NodePublishVolume": _unary(pb.NodePublishVolumeRequest, self._publish),
+            "NodeUnpublishVolume": _unary(pb.NodeUnpublishVolumeRequest, self._unpublish),
+        }
+        return [
+            grpc.method_handlers_generic_handler("csi.v1.Identity", identity),
+            grpc.method_handlers_generic_handler("csi.v1.Node", node),
+        ]
+
+    # -- handlers, in gRPC's threads ---------------------------------------------------------------
+
+    def _get_plugin_info(
+        self, request: pb.GetPluginInfoRequest, context: grpc.ServicerContext
+    ) -> pb.GetPluginInfoResponse:
+        return pb.GetPluginInfoResponse(name=DRIVER, vendor_version=__version__)
+
+    def _get_plugin_capabilities(
+        self, request: pb.GetPluginCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> pb.GetPluginCapabilitiesResponse:
+        return pb.GetPluginCapabilitiesResponse()
+
+    def _probe(self, request: pb.ProbeRequest, context: grpc.ServicerContext) -> pb.ProbeResponse:
+        ready = self._in_trio(context, self._ready_now)
+        return pb.ProbeResponse(ready=wrappers_pb2.BoolValue(value=ready))
+
+    async def _ready_now(self) -> bool:
+        return self._ready()
+
+    def _node_get_info(
+        self, request: pb.NodeGetInfoRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGetInfoResponse:
+        return pb.NodeGetInfoResponse(node_id=self.node.node_name)
+
+    def _node_capabilities(
+        self, request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGetCapabilitiesResponse:
+        rpc = pb.NodeServiceCapability.RPC(type=pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP)
+        return pb.NodeGetCapabilitiesResponse(capabilities=[pb.NodeServiceCapability(rpc=rpc)])
+
+    def _publish(
+        self, request: pb.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.NodePublishVolumeResponse:
+        if not request.volume_id or not request.target_path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path required")
+        capability = request.volume_capability
+        if not capability.HasField("mount"):
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT,
+                f"volume_capability: {DRIVER} volumes are file systems (mount), not block devices",
+            )
+
+        async def publish() -> None:
+            await self.node.publish(
+                volume_id=request.volume_id,
+                target_path=request.target_path,
+                context=dict(request.volume_context),
+                mount_group=capability.mount.volume_mount_group,
+            )
+
+        self._in_trio(context, publish)
+        return pb.NodePublishVolumeResponse()
+
+    def _unpublish(
+        self, request: pb.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeUnpublishVolumeResponse:
+        if not request.volume_id or not request.target_path:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "volume_id and target_path required")
+
+        async def unpublish() -> None:
+            await self.node.unpublish(volume_id=request.volume_id, target_path=request.target_path)
+
+        self._in_trio(context, unpublish)
+        return pb.NodeUnpublishVolumeResponse()
+
+    def _in_trio(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
+        """Run `fn()` (async) in the agent's trio loop; a CsiError becomes its gRPC status."""
+        try:
+            return trio.from_thread.run(fn, trio_token=self._token)
+        except CsiError as exc:
+            log.info("csi call refused code=%s error=%s", exc.code.value, exc)
+            context.abort(grpc.StatusCode[exc.code.value], str(exc))
+        except (trio.RunFinishedError, trio.Cancelled):
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the fusevol agent is stopping")
+
+
+def _unary(
+    request_type: type[Message], handler: Callable[[Any, grpc.ServicerContext], Message]
+) -> grpc.RpcMethodHandler[Any, Message]:
+    return grpc.unary_unary_rpc_method_handler(
+        handler,
+        request_deserializer=request_type.FromString,
+        response_serializer=lambda message: message.SerializeToString(),
+    )
+
+
+def _remove_stale_socket(path: Path) -> None:
+    """A previous agent's socket (a crash leaves it): removed; anything else is refused."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(mode):
+        raise FusevolError(f"csi: {path} exists and is not a socket")
+    path.unlink()

@@ -1,0 +1,267 @@
+"""The CSI node plugin as kubelet v1.28 drives it (tests/csi/kubelet.py), against the real agent
+and the loopback API server: what a pod's csi volume holds, how it follows its objects, and how it
+goes."""
+
+from __future__ import annotations
+
+import base64
+import json
+import subprocess
+import time
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import pytest
+
+from tests import kubelet_reference
+from tests.agent import mounts_below, wait_for
+from tests.csi.conftest import UID, csi_volume, pod
+from tests.csi.kubelet import is_mount_point
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from tests.agent import AgentProcess
+    from tests.helpers.apiserver import ApiServer
+
+PROJECTED = {
+    "projected": {
+        "sources": [
+            {
+                "downwardAPI": {
+                    "items": [{"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}]
+                }
+            },
+            {"configMap": {"name": "app", "items": [{"key": "a", "path": "conf/a"}]}},
+        ]
+    }
+}
+WITH_TOKEN = {
+    "projected": {
+        "sources": [
+            *PROJECTED["projected"]["sources"],
+            {"serviceAccountToken": {"path": "token", "audience": "vault"}},
+        ]
+    }
+}
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    encoded = {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}
+    return {"kind": "Secret", "metadata": {"name": name}, "data": encoded}
+
+
+def snapshot(path: Path, *, without: str = "") -> dict[str, Any]:
+    entries = kubelet_reference.snapshot(path)
+    return {k: v for k, v in entries.items() if not without or without not in k}
+
+
+def read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except OSError:
+        return None
+
+
+def test_kubelet_publishes_configmap_secret_and_projected_volumes(
+    api: ApiServer,
+    csi_agent: Callable[..., Any],
+    reference_agent: AgentProcess,
+    kubelet_dir: Path,
+) -> None:
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1", "b": "x"}})
+    api.create(secret("creds", {"password": "hunter2"}))
+    web = pod(
+        volumes=[
+            csi_volume("config", configMap="app"),
+            csi_volume("creds", secret="creds"),
+            csi_volume("info", volume=json.dumps(WITH_TOKEN)),
+            # The same sources as pod-spec volumes: the reference agent serves them.
+            {"name": "ref-config", "configMap": {"name": "app"}},
+            {"name": "ref-creds", "secret": {"secretName": "creds"}},
+            {"name": "ref-info", **PROJECTED},
+        ],
+        securityContext={"fsGroup": 2000},
+    )
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        assert kubelet.register() == ("fusevol.io", "test-node")
+        assert kubelet.probe()
+        config = kubelet.publish(web, "config")
+        creds = kubelet.publish(web, "creds")
+        info = kubelet.publish(web, "info", tokens={"vault": "token-1"})
+        # Returned only when the content is there: read at once, no waiting.
+        assert (config / "a").read_text() == "1"
+        assert (creds / "password").read_text() == "hunter2"
+        assert (info / "token").read_text() == "token-1"
+        # 0600 for a token when the pod sets fsGroup, then the fsGroup walk adds group read.
+        assert oct((info / "token").stat().st_mode & 0o777) == "0o640"
+        # Byte for byte (names, modes, owners, links, contents) what the pod-spec volume holds.
+        ref = reference_agent.volume(UID, "configmap", "ref-config")
+        reference_agent.wait_mounted(ref)
+        assert snapshot(config) == snapshot(ref)
+        ref_creds = reference_agent.wait_mounted(reference_agent.volume(UID, "secret", "ref-creds"))
+        assert snapshot(creds) == snapshot(ref_creds)
+        ref_info = reference_agent.wait_mounted(
+            reference_agent.volume(UID, "projected", "ref-info")
+        )
+        assert snapshot(info, without="token") == snapshot(ref_info)
+        assert (config / "..data").stat().st_gid == 2000  # fsGroup via volume_mount_group
+        assert kubelet.calls[:3] == ["GetPluginInfo", "NodeGetInfo", "Probe"]
+        assert kubelet.calls[3:6] == ["NodeGetCapabilities"] * 2 + ["NodePublishVolume"]
+        # Nothing secret in the agent's record of its targets.
+        record = (agent.root / "fusevol" / "csi.json").read_text()
+        assert "token-1" not in record
+        assert "hunter2" not in record
+        assert len(json.loads(record)["published"]) == 3
+
+        # An edit reaches the target as fast as a pod-spec volume.
+        started = time.monotonic()
+        api.update({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "2", "b": "x"}})
+        wait_for(lambda: read(config / "a") == "2", timeout_s=5)
+        print(f"configMap edit visible at the CSI target after {time.monotonic() - started:.3f}s")
+        wait_for(lambda: read(info / "conf" / "a") == "2", timeout_s=5)
+
+        # A repeat publish is OK and changes nothing; a republish with new tokens updates them.
+        before = snapshot(config)
+        assert kubelet.publish(web, "config") == config
+        assert snapshot(config) == before
+        kubelet.publish(web, "info", tokens={"vault": "token-2"})
+        assert (info / "token").read_text() == "token-2"
+
+        # Unpublish: no mount left, target, vol_data.json and the volume directory gone.
+        for name in ("config", "creds", "info"):
+            kubelet.unpublish(web, name)
+        assert mounts_below(kubelet_dir) == []
+        assert not (
+            kubelet_dir / "pods" / UID / "volumes" / "kubernetes.io~csi" / "config"
+        ).exists()
+        assert json.loads((agent.root / "fusevol" / "csi.json").read_text())["published"] == []
+        kubelet.unpublish(web, "config")  # again: OK, nothing to do
+
+
+def test_a_missing_object_fails_then_appears_on_kubelets_retry(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+) -> None:
+    web = pod(volumes=[csi_volume("config", configMap="later")])
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        with pytest.raises(grpc.RpcError) as failed:
+            kubelet.publish(web, "config")
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert 'configmap "later" not found' in str(failed.value.details())
+        target = kubelet.target(web, "config")
+        assert not target.exists()
+        assert mounts_below(kubelet_dir) == []
+        api.create({"kind": "ConfigMap", "metadata": {"name": "later"}, "data": {"k": "v"}})
+        started = time.monotonic()
+
+        def retried() -> bool:  # kubelet's retries, with its backoff cut short
+            try:
+                kubelet.publish(web, "config")
+            except grpc.RpcError:
+                time.sleep(0.1)
+                return False
+            return True
+
+        wait_for(retried, timeout_s=10)
+        print(f"missing configMap served {time.monotonic() - started:.3f}s after it was created")
+        assert (target / "k").read_text() == "v"
+        assert is_mount_point(target)
+        # The pod force-deleted from the API before kubelet unpublished: still served (kubelet
+        # unpublishes in any case), still in `fusevol status`, and then unpublished as usual.
+        api.delete("Pod", "default", "web")
+        wait_for(lambda: "pod removed pod=default/web" in agent.log_text(), timeout_s=10)
+        wait_for(lambda: agent.volume_status(UID, "config").get("state") == "mounted")
+        assert "kubernetes.io/csi/fusevol.io^csi-" in str(agent.volume_status(UID, "config"))
+        assert "config" in agent.status()  # `fusevol status` renders it
+        assert (target / "k").read_text() == "v"
+        kubelet.unpublish(web, "config")
+        wait_for(lambda: agent.volume_status(UID, "config") == {})
+
+
+def test_a_restart_serves_every_published_target_again(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+) -> None:
+    """kill -9 and a start: every recorded target is served again, its content unchanged,
+    without kubelet's help. A token kubelet did not pass (its audience is not in the CSIDriver's
+    tokenRequests) is requested by TokenRequest, as for a pod-spec volume: before and after."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    api.create(secret("creds", {"password": "hunter2"}))
+    web = pod(
+        volumes=[
+            csi_volume("config", configMap="app"),
+            csi_volume("creds", secret="creds"),
+            csi_volume("info", volume=json.dumps(WITH_TOKEN)),
+        ]
+    )
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        targets = {name: kubelet.publish(web, name) for name in ("config", "creds", "info")}
+        token = (targets["info"] / "token").read_text()
+        [claims] = api.tokens_issued
+        assert claims["aud"] == ["vault"]
+        assert claims["kubernetes.io"]["pod"] == {"name": "web", "uid": UID}
+        before = {name: snapshot(path, without="token") for name, path in targets.items()}
+        agent.kill()  # kill -9
+        agent.start()
+        started = time.monotonic()
+
+        # (The kernel may still answer a read of the dead bind from its page cache: only a
+        # whole snapshot, every directory listed, shows the fresh bind.)
+        def served_again() -> bool:
+            for name, path in targets.items():
+                now = snapshot(path, without="token")
+                assert now == before[name], (name, set(now.items()) ^ set(before[name].items()))
+            return True
+
+        wait_for(served_again, timeout_s=30)
+        print(f"CSI targets served again {time.monotonic() - started:.3f}s after the agent's ready")
+        assert (targets["info"] / "token").read_text() != token  # a new TokenRequest's
+        assert len(api.tokens_issued) == 2
+        # Still kubelet's: it unpublishes them as usual.
+        for name in targets:
+            kubelet.unpublish(web, name)
+        assert mounts_below(kubelet_dir) == []
+
+
+def test_reads_of_a_csi_target_never_fail_through_a_hand_over(
+    api: ApiServer, csi_agent: Callable[..., Any], tmp_path: Path
+) -> None:
+    """SIGTERM then a new agent (systemctl restart): the lame duck serves the CSI target until
+    the new agent has stacked its bind there; a reader whose copy of the target is a slave (a
+    container's HostToContainer bind) sees no failed read."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("config", configMap="app")])
+    api.create(web)
+    reads = tmp_path / "reads"
+    with csi_agent() as (first, kubelet):
+        target = kubelet.publish(web, "config")
+        # `ls` always reaches the FUSE server (opendir); `cat` may be served from the caches.
+        loop = (
+            f"while :; do if cat {target}/a >/dev/null && ls {target} >/dev/null;"
+            f" then echo ok; else echo fail; fi; done >> {reads} 2>> {reads}.errors"
+        )
+        reader = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "slave", "sh", "-c", loop]
+        )
+        try:
+            wait_for(lambda: reads.exists() and reads.stat().st_size > 0)
+            first.hand_over()
+            with csi_agent() as (second, _):
+                first.wait_agent_gone(10)  # released: the second agent's bind is on top
+                released = reads.stat().st_size
+                wait_for(lambda: reads.stat().st_size > released + 60)  # 20 reads more
+                reader.kill()
+                reader.wait(timeout=10)
+                assert "lame duck done: the next agent has stacked its binds" in first.log_text()
+                kubelet.unpublish(web, "config")
+                second.stop()
+        finally:
+            reader.kill()
+            reader.wait(timeout=10)
+    lines = reads.read_text().split()
+    failed = lines.count("fail")
+    assert failed == 0, f"{failed} failed reads of {len(lines)}: {reads.with_suffix('.errors')}"
+    print(f"{len(lines)} reads of the CSI target through a hand-over, none failed")
