@@ -10,12 +10,13 @@ kubelet passes as `volume_context`), kubelet's `podInfoOnMount` keys, its
                              a pod spec (`{configMap: {name: app, items: [...]}}`)
 
 parsed by the pod-spec parser (`fusevol.decode.volume_sources.parse_volumes`), so the same
-defaulting and validation apply. Confinement (anyone who may create a pod writes these
-attributes): objects come from the pod's own namespace only, so an attribute `namespace` (or a `namespace` key anywhere in
-`volume`) naming another one is refused; any other volume type (hostPath, ...) is refused; the
-target must be kubelet's `<kubelet dir>/pods/<pod uid>/volumes/kubernetes.io~csi/<volume>/mount`
-for the pod the request names, below no symlink; and the volume handle must be kubelet's handle
-for that pod volume (`csi-` + hex sha256 of pod uid and volume name).
+defaulting and validation apply. Confinement (anyone who may create a pod writes these attributes):
+objects come from the pod's own namespace only, so an attribute `namespace` (or a `namespace` key
+anywhere in `volume`) naming another one is refused; any other volume type (hostPath, ...) is
+refused; the target must be kubelet's `<kubelet dir>/pods/<pod
+uid>/volumes/kubernetes.io~csi/<volume>/mount` for the pod the request names, below no symlink; and
+the volume handle must be kubelet's handle for that pod volume (`csi-` + hex sha256 of pod uid and
+volume name).
 
 Excludes: whether the pod is one of this node's (`fusevol.csi.node`), the gRPC codes
 (`fusevol.csi.server`).
