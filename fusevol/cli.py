@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import __version__, log
+from fusevol import __version__, log, preflight
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
@@ -127,10 +127,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
-                return status  # the launcher's: the agent runs in its child (fusevol.launcher)
+            if LAUNCHER_FD_ENV not in os.environ:
+                preflight.check(
+                    root=args.root,
+                    kubeconfig=args.kubeconfig,
+                    fuse=True,
+                    http=(args.http_host, args.http_port),
+                )
+                if (status := launch()) is not None:
+                    return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         if args.command == "teardown":
+            preflight.check(root=args.root, kubeconfig=None, fuse=False)
             return _teardown(args)
         return _status(args)
     except FusevolError as exc:
