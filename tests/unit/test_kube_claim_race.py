@@ -86,21 +86,32 @@ class ScriptedClient:
         self.listing: set[str] = set()
         self.on_create: Callable[[Obj], None] = lambda pv: None
         self.deleted: list[str] = []
+        self.history: list[tuple[int, Kind, Obj]] = []
+        """Every event sent: a watch opened from a resourceVersion gets those after it first,
+        as from the API server's watch cache."""
+        self._lock = threading.RLock()
         self._version = 1
 
     def put(self, kind: Kind, obj: Obj, event: str = "MODIFIED", *, send: bool = True) -> None:
-        self._version += 1
-        obj = copy.deepcopy(obj)
-        obj["metadata"]["resourceVersion"] = str(self._version)
-        if kind is Kind.PERSISTENT_VOLUME_CLAIM:
-            obj["metadata"].setdefault("namespace", "default")
-        if event == "DELETED":
-            self.objects.pop((kind, obj["metadata"]["name"]), None)
-        else:
-            self.objects[kind, obj["metadata"]["name"]] = obj
-        for stream in self.streams if send else ():
-            if not stream.closed and stream.matches(kind, obj):
-                stream.events.put({"type": event, "object": copy.deepcopy(obj)})
+        with self._lock:
+            self._version += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["resourceVersion"] = str(self._version)
+            if kind is Kind.PERSISTENT_VOLUME_CLAIM:
+                obj["metadata"].setdefault("namespace", "default")
+            if event == "DELETED":
+                self.objects.pop((kind, obj["metadata"]["name"]), None)
+            else:
+                self.objects[kind, obj["metadata"]["name"]] = obj
+            if send:
+                self._send(kind, {"type": event, "object": obj})
+
+    def _send(self, kind: Kind, event: Obj) -> None:
+        with self._lock:
+            self.history.append((self._version, kind, event))
+            for stream in self.streams:
+                if not stream.closed and stream.matches(kind, event["object"]):
+                    stream.events.put(copy.deepcopy(event))
 
     def opened(self, kind: Kind, field_selector: str) -> int:
         return sum(1 for s in self.streams if (s.kind, s.field_selector) == (kind, field_selector))
@@ -124,14 +135,22 @@ class ScriptedClient:
             gate.wait()
         self.lists.append((kind, field_selector))
         probe = Stream(kind, field_selector, label_selector)
-        items = [copy.deepcopy(o) for (k, _), o in self.objects.items() if probe.matches(k, o)]
+        with self._lock:
+            items = [copy.deepcopy(o) for (k, _), o in self.objects.items() if probe.matches(k, o)]
+            version = str(self._version)
         for item in items:
             item.setdefault("kind", kind.value)
-        return items, str(self._version)
+        return items, version
 
     def open_watch(self, kind: Kind, **query: Any) -> Stream:
         stream = Stream(kind, query["field_selector"], query.get("label_selector", ""))
-        self.streams.append(stream)
+        with self._lock:
+            for version, event_kind, event in self.history:
+                if version > int(query["resource_version"]) and stream.matches(
+                    event_kind, event["object"]
+                ):
+                    stream.events.put(copy.deepcopy(event))
+            self.streams.append(stream)
         return stream
 
     def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
@@ -142,9 +161,8 @@ class ScriptedClient:
         self.put(Kind.PERSISTENT_VOLUME, pv, "ADDED", send=False)
         self.on_create(pv)
         created = self.objects[Kind.PERSISTENT_VOLUME, pv["metadata"]["name"]]
-        for stream in self.streams:  # the PV's own event: watches are not ordered between them
-            if not stream.closed and stream.matches(Kind.PERSISTENT_VOLUME, created):
-                stream.events.put({"type": "ADDED", "object": copy.deepcopy(created)})
+        # The PV's own event, after the claim's: nothing orders the events of two watches.
+        self._send(Kind.PERSISTENT_VOLUME, {"type": "ADDED", "object": copy.deepcopy(created)})
         return copy.deepcopy(created)
 
     def delete_persistent_volume(self, name: str) -> bool:
