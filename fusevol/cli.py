@@ -21,6 +21,7 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -249,9 +250,14 @@ def _teardown(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from fusevol import status
 
-    try:
-        snapshot = status.read(args.root)
-    except FileNotFoundError:
-        raise FusevolError(f"no status under {args.root}: is the agent running?") from None
-    print(json.dumps(snapshot, indent=2) if args.json else status.render(snapshot))
+    # `fusevol status | head`: end quietly at the closed pipe, as a C tool would.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    collected = status.collect(args.root)
+    print(
+        json.dumps(collected, indent=2)
+        if args.json
+        else status.render_collected(collected, args.root)
+    )
     return 0

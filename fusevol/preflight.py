@@ -12,8 +12,9 @@ from deep inside the agent (an ExceptionGroup ending in `NotADirectoryError`, py
 4. `--kubeconfig` (run only): readable (its content is checked by the client, also one line);
 5. `--http-host`/`--http-port` (run only): an address of this host, and the port free. A
    predecessor that was killed may still hold it for a moment while it dies, so a port in use is
-   tried again for `PORT_WAIT_S` first. (`fusevol.server` reports a failure that comes later, a
-   race with another program, as one line too.)
+   tried again for `PORT_WAIT_S` first. Skipped while an agent runs on the root: the agent's own
+   refusal ("another fusevol agent is using ...") says more. (`fusevol.server` reports a failure
+   that comes later, a race with another program, as one line too.)
 
 Excludes: validating flag values (`fusevol.cli`), anything that needs the agent's lock.
 """
@@ -26,6 +27,7 @@ import socket
 import time
 from pathlib import Path
 
+from fusevol import status
 from fusevol.errors import FusevolError
 
 FUSE_DEVICE = Path("/dev/fuse")
@@ -56,7 +58,7 @@ def check(
             raise FusevolError(
                 f"--kubeconfig {kubeconfig}: cannot read it: {exc.strerror or exc}"
             ) from None
-    if http is not None and http[1] > 0:  # (5)
+    if http is not None and http[1] > 0 and not status.agent_state(root).running:  # (5)
         check_port(*http)
 
 
