@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
         help="port of /healthz, /readyz, /metrics and /status (-1: none)",
     )
     run.add_argument(
-        "--http-host", default=_env("http-host", "0.0.0.0"), help="address to listen on"
+        "--http-host", default=_env("http-host", HttpSettings().host), help="address to listen on"
     )
     run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
 

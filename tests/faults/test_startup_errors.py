@@ -97,8 +97,8 @@ def test_an_http_port_in_use_or_a_foreign_address_is_one_line(
     common = ("run", "--root", str(root), "--manifests", str(manifests))
     in_use = fusevol(*common, "--http-host", "127.0.0.1", "--http-port", str(busy_port))
     one_line(in_use, f"--http-port {busy_port}: cannot listen: Address already in use")
-    foreign = fusevol(*common, "--http-host", "192.0.2.1", "--http-port", "9842")
-    one_line(foreign, "--http-host 192.0.2.1", "Cannot assign requested address")
+    foreign = fusevol(*common, "--http-host", "198.51.100.7", "--http-port", "9842")
+    one_line(foreign, "--http-host 198.51.100.7", "Cannot assign requested address")
     assert not root.exists()
 
 
