@@ -8,7 +8,7 @@ kubelet or systemd watchdog restarts the agent.
     /healthz   200 "ok" while the loop runs and the FUSE session is up, else 503
     /readyz    200 once every source has been read completely and a reconcile pass followed
     /metrics   Prometheus text format (fusevol.metrics)
-    /status    the `fusevol status --json` snapshot
+    /status    the status snapshot (`fusevol status --json` adds `agent` and `mounts` to it)
 """
 
 from __future__ import annotations
