@@ -27,8 +27,9 @@ import socket
 import time
 from pathlib import Path
 
-from fusevol import status
+from fusevol import layout
 from fusevol.errors import FusevolError
+from fusevol.fsutil import flock_held
 
 FUSE_DEVICE = Path("/dev/fuse")
 PORT_WAIT_S = 3.0
@@ -58,8 +59,15 @@ def check(
             raise FusevolError(
                 f"--kubeconfig {kubeconfig}: cannot read it: {exc.strerror or exc}"
             ) from None
-    if http is not None and http[1] > 0 and not status.agent_state(root).running:  # (5)
+    if http is not None and http[1] > 0 and not _agent_runs(root):  # (5)
         check_port(*http)
+
+
+def _agent_runs(root: Path) -> bool:
+    try:
+        return flock_held(os.stat(layout.agent_dir(root) / "lock"))
+    except OSError:
+        return False
 
 
 def check_root(root: Path) -> None:

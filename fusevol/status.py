@@ -24,6 +24,7 @@ import trio
 
 from fusevol import layout
 from fusevol.cache.actual import MountState
+from fusevol.fsutil import flock_held
 from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:
@@ -156,7 +157,7 @@ def agent_state(root: Path, *, locks: str = "/proc/locks") -> AgentState:
         st = os.stat(lock)
     except FileNotFoundError:
         return AgentState(running=False, pid=None, lame_duck=False)
-    held = _flock_held(locks, os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    held = flock_held(st, locks=locks)
     pid, handing_over = None, False
     try:
         words = lock.read_text(encoding="utf-8", errors="replace").split()
@@ -264,23 +265,6 @@ def _write_atomically(path: Path, data: dict[str, Any]) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
     os.replace(tmp, path)
-
-
-def _flock_held(locks: str, major: int, minor: int, inode: int) -> bool:
-    """An flock is held on the file (major:minor:inode); `locks` is /proc/locks' format:
-    `1: FLOCK  ADVISORY  WRITE 1234 fe:00:1565441 0 EOF` (device numbers in hex)."""
-    with open(locks, encoding="ascii", errors="replace") as f:
-        for line in f:
-            fields = line.split()
-            if len(fields) < 6 or fields[1] != "FLOCK":  # "->" marks a waiter
-                continue
-            dev_major, dev_minor, ino = [*fields[5].split(":"), "", ""][:3]
-            try:
-                if (int(dev_major, 16), int(dev_minor, 16), int(ino)) == (major, minor, inode):
-                    return True
-            except ValueError:
-                continue
-    return False
 
 
 def _alive(pid: int) -> bool:
