@@ -20,6 +20,7 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
+import pytest
 import trio
 
 from fusevol.cache.store import ObjectStore
@@ -112,6 +113,17 @@ class ScriptedClient:
             for stream in self.streams:
                 if not stream.closed and stream.matches(kind, event["object"]):
                     stream.events.put(copy.deepcopy(event))
+
+    def expire(self, kind: Kind, name: str) -> None:
+        """The object goes without a DELETED event reaching the watches (compacted away): its
+        per-name watch gets 410 Gone, and relists."""
+        with self._lock:
+            self._version += 1
+            del self.objects[kind, name]
+            gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": ""}}
+            for stream in self.streams:
+                if stream.kind is kind and stream.field_selector == f"metadata.name={name}":
+                    stream.events.put(gone)
 
     def opened(self, kind: Kind, field_selector: str) -> int:
         return sum(1 for s in self.streams if (s.kind, s.field_selector) == (kind, field_selector))
@@ -281,11 +293,14 @@ async def test_a_claim_bound_during_its_pvs_create_is_never_taken_as_gone(tmp_pa
         nursery.cancel_scope.cancel()
 
 
-async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_a_deleted_event(
-    tmp_path: Path,
+@pytest.mark.parametrize("how", ["deleted-event", "relist-without-it"])
+async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_the_claim_is_gone(
+    tmp_path: Path, how: str
 ) -> None:
     """A PV of this node appears on the recorder's watch (another generation of the agent created
-    it): its claim's watch opens, and until its first list the claim is unknown, not gone."""
+    it): its claim's watch opens, and until its first list the claim is unknown, not gone. It
+    is gone on a DELETED event, or when a relist (after 410 Gone: the deletion compacted away)
+    does not have it."""
     client = ScriptedClient()
     client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName="pvc-0000-data"))
     gate = client.list_gate["metadata.name=data"] = threading.Event()
@@ -329,7 +344,10 @@ async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_a_deleted_event(
         gate.set()
         await until(lambda: agent.store.get(CLAIM) is not None)
         assert agent.reclaimable() == []
-        client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName="pvc-0000-data"), "DELETED")
+        if how == "deleted-event":
+            client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName="pvc-0000-data"), "DELETED")
+        else:
+            client.expire(Kind.PERSISTENT_VOLUME_CLAIM, "data")
         await until(lambda: agent.store.get(CLAIM) is None)
-        assert agent.reclaimable() == ["pvc-0000-data"]  # a DELETED event: gone
+        assert agent.reclaimable() == ["pvc-0000-data"]
         nursery.cancel_scope.cancel()
