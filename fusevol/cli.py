@@ -21,12 +21,13 @@ import functools
 import json
 import logging
 import os
+import signal
 import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import __version__, log
+from fusevol import __version__, log, preflight
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
@@ -35,6 +36,18 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
 
 DEFAULT_ROOT = "/var/lib/fusevol"
+DESCRIPTION = (
+    "A Kubernetes node agent for pod volumes: ConfigMap, Secret, downwardAPI and projected "
+    "volumes served from memory through FUSE, in kubelet's layout; nfs, local, hostPath, "
+    "emptyDir and gitRepo volumes mounted as kubelet mounts them."
+)
+RUN_EPILOG = (
+    "Every flag is also an environment variable FUSEVOL_<FLAG>, upper case, dashes as "
+    "underscores (FUSEVOL_ROOT, FUSEVOL_HTTP_PORT, ...); a flag on the command line wins. The "
+    "defaults shown include those set so. SIGTERM hands over (pod volumes stay mounted for the "
+    "next agent); SIGINT (Ctrl-C) unmounts every pod volume."
+)
+ROOT_HELP = "the agent's root: pod volumes under DIR/pods/ (default: %(default)s)"
 
 
 def _env(flag: str, default: str | None = None) -> str | None:
@@ -42,16 +55,23 @@ def _env(flag: str, default: str | None = None) -> str | None:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fusevol", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="fusevol", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fusevol {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    run = commands.add_parser("run", help="serve the volumes of this node's pods until stopped")
+    run = commands.add_parser(
+        "run",
+        help="serve the volumes of this node's pods until stopped",
+        description="Serve the volumes of this node's pods until stopped.",
+        epilog=RUN_EPILOG,
+    )
     run.add_argument(
         "--manifests",
         type=Path,
+        metavar="DIR",
         default=_env("manifests"),
-        help="directory of Pod/ConfigMap/Secret manifests to serve, watched for edits",
+        help="directory of manifests to serve, watched for edits: Pods, ConfigMaps, Secrets, "
+        "PersistentVolumes, PersistentVolumeClaims, StorageClasses (*.yaml, *.yml, *.json)",
     )
     run.add_argument(
         "--source",
@@ -63,6 +83,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--kubeconfig",
         type=Path,
+        metavar="PATH",
         default=_env("kubeconfig"),
         help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
     )
@@ -71,28 +92,36 @@ def _parser() -> argparse.ArgumentParser:
         choices=[c.value for c in ChangeDetection],
         default=_env("change-detection", ChangeDetection.WATCH.value),
         help="how referenced ConfigMaps and Secrets are kept current, as kubelet's "
-        "configMapAndSecretChangeDetectionStrategy (default Watch)",
+        "configMapAndSecretChangeDetectionStrategy (default: %(default)s)",
     )
     run.add_argument(
         "--sync-period",
         type=float,
+        metavar="SECONDS",
         default=float(_env("sync-period", "60") or 60),
-        help="seconds between refetches with --change-detection Cache or Get (default 60)",
+        help="seconds between refetches with --change-detection Cache or Get "
+        "(default: %(default)g)",
     )
     run.add_argument(
         "--cache-ttl",
         type=float,
+        metavar="SECONDS",
         default=float(_env("cache-ttl", "60") or 60),
-        help="seconds a fetched object stays fresh with --change-detection Cache (default 60)",
+        help="seconds a fetched object stays fresh with --change-detection Cache "
+        "(default: %(default)g)",
     )
-    run.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
+    run.add_argument(
+        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
+    )
     run.add_argument(
         "--node-name",
+        metavar="NAME",
         default=_env("node-name", socket.gethostname()),
-        help="serve pods with this spec.nodeName (or none); default: the host name",
+        help="serve pods with this spec.nodeName, or none (default: the host name, %(default)s)",
     )
     run.add_argument(
         "--node-allocatable",
+        metavar="LIST",
         default=_env("node-allocatable", ""),
         help="what the downward API reports for containers without limits, e.g. "
         "cpu=4,memory=8Gi,ephemeral-storage=100Gi (default: the host's capacity)",
@@ -100,24 +129,35 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--http-port",
         type=int,
+        metavar="PORT",
         default=int(_env("http-port", "9842") or 9842),
-        help="port of /healthz, /readyz, /metrics and /status (-1: none)",
+        help="port of /healthz, /readyz, /metrics and /status; 0: any free port, -1: none "
+        "(default: %(default)s)",
     )
     run.add_argument(
-        "--http-host", default=_env("http-host", "0.0.0.0"), help="address to listen on"
+        "--http-host",
+        metavar="ADDRESS",
+        default=_env("http-host", HttpSettings().host),
+        help="address they listen on; /status names this node's pods and their errors, so "
+        "the default is loopback (default: %(default)s)",
     )
-    run.add_argument("--log-level", default=_env("log-level", "info"), help="debug, info, ...")
+    run.add_argument(
+        "--log-level",
+        metavar="LEVEL",
+        default=_env("log-level", "info"),
+        help="debug, info, warning or error (default: %(default)s)",
+    )
     run.add_argument(
         "--csi-endpoint",
         default=_env("csi-endpoint", ""),
         help="serve the CSI node plugin fusevol.io at unix:///path/csi.sock: pods get volumes "
-        "through kubelet (then pods' own volumes are not set up)",
+        "through kubelet (then pods' own volumes are not set up; default: off)",
     )
     run.add_argument(
         "--kubelet-dir",
         type=Path,
         default=_env("kubelet-dir", "/var/lib/kubelet"),
-        help="kubelet's root directory: CSI target paths must be below it",
+        help="kubelet's root directory: CSI target paths must be below it (default: %(default)s)",
     )
 
     teardown = commands.add_parser(
@@ -126,12 +166,18 @@ def _parser() -> argparse.ArgumentParser:
         "stop (refused while an agent runs)",
     )
     teardown.add_argument(
-        "--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root"
+        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
     )
 
-    show = commands.add_parser("status", help="show pods, volumes, state and last error")
-    show.add_argument("--root", type=Path, default=_env("root", DEFAULT_ROOT), help="agent root")
-    show.add_argument("--json", action="store_true", help="print the raw JSON snapshot")
+    show = commands.add_parser(
+        "status",
+        help="whether an agent runs; its pods, volumes, state and last error, or without an "
+        "agent what is still mounted",
+    )
+    show.add_argument(
+        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
+    )
+    show.add_argument("--json", action="store_true", help="print it as JSON")
     return parser
 
 
@@ -139,10 +185,18 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
-                return status  # the launcher's: the agent runs in its child (fusevol.launcher)
+            if LAUNCHER_FD_ENV not in os.environ:
+                preflight.check(
+                    root=args.root,
+                    kubeconfig=args.kubeconfig,
+                    fuse=True,
+                    http=(args.http_host, args.http_port),
+                )
+                if (status := launch()) is not None:
+                    return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         if args.command == "teardown":
+            preflight.check(root=args.root, kubeconfig=None, fuse=False)
             return _teardown(args)
         return _status(args)
     except FusevolError as exc:
@@ -256,9 +310,14 @@ def _teardown(args: argparse.Namespace) -> int:
 def _status(args: argparse.Namespace) -> int:
     from fusevol import status
 
-    try:
-        snapshot = status.read(args.root)
-    except FileNotFoundError:
-        raise FusevolError(f"no status under {args.root}: is the agent running?") from None
-    print(json.dumps(snapshot, indent=2) if args.json else status.render(snapshot))
+    # `fusevol status | head`: end quietly at the closed pipe, as a C tool would.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    collected = status.collect(args.root)
+    print(
+        json.dumps(collected, indent=2)
+        if args.json
+        else status.render_collected(collected, args.root)
+    )
     return 0

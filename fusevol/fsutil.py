@@ -1,4 +1,6 @@
-"""Small file-system helpers shared by the mount plugins and the served volumes."""
+"""Small file-system helpers shared by the mount plugins, the served volumes and the CLI.
+
+Imports nothing heavy: `fusevol run`'s launcher uses it before it forks the agent."""
 
 from __future__ import annotations
 
@@ -25,3 +27,22 @@ def mkdir_all(path: Path, mode: int) -> None:
         except FileExistsError:
             if not os.path.isdir(directory):
                 raise
+
+
+def flock_held(st: os.stat_result, *, locks: str = "/proc/locks") -> bool:
+    """Some process holds an flock on the file `st` describes, as /proc/locks shows it (never
+    taking the lock, not even for a moment): `1: FLOCK  ADVISORY  WRITE 1234 fe:00:1565441 0 EOF`,
+    device numbers in hex; a line with `->` is a waiter, not a holder."""
+    wanted = (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino)
+    with open(locks, encoding="ascii", errors="replace") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 6 or fields[1] != "FLOCK":
+                continue
+            major, minor, inode = [*fields[5].split(":"), "", ""][:3]
+            try:
+                if (int(major, 16), int(minor, 16), int(inode)) == wanted:
+                    return True
+            except ValueError:
+                continue
+    return False

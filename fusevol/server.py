@@ -8,7 +8,7 @@ kubelet or systemd watchdog restarts the agent.
     /healthz   200 "ok" while the loop runs and the FUSE session is up, else 503
     /readyz    200 once every source has been read completely and a reconcile pass followed
     /metrics   Prometheus text format (fusevol.metrics)
-    /status    the `fusevol status --json` snapshot
+    /status    the status snapshot (`fusevol status --json` adds `agent` and `mounts` to it)
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
+
+from fusevol.errors import FusevolError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -74,7 +76,14 @@ class HealthServer:
         """The port actually bound (useful with port 0)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        listeners = await trio.open_tcp_listeners(self._port, host=self._host)
+        try:
+            listeners = await trio.open_tcp_listeners(self._port, host=self._host)
+        except OSError as exc:
+            raise FusevolError(
+                f"--http-host {self._host} --http-port {self._port}: cannot listen: "
+                f"{exc.strerror or exc}; choose another with --http-host/--http-port "
+                "(--http-port -1: no HTTP endpoints)"
+            ) from None
         self.port = listeners[0].socket.getsockname()[1]
         log.info("http listening address=%s:%d", self._host, self.port)
         task_status.started()

@@ -49,9 +49,10 @@ class MountSettings:
 
 @dataclass(frozen=True, slots=True)
 class HttpSettings:
-    host: str = "0.0.0.0"
-    """Address of /healthz, /readyz, /metrics and /status; all interfaces by default, so that
-    probes reach it at the pod's IP. Nothing secret is served there."""
+    host: str = "127.0.0.1"
+    """Address of /healthz, /readyz, /metrics and /status: loopback by default, because
+    `/status` names the node's pods and their errors. A deployment that probes or scrapes it from
+    elsewhere says where (the chart: the pod's IP)."""
     port: int = 9842
     """0 picks a free port; a negative port disables the server."""
 

@@ -6,14 +6,17 @@ A gitRepo volume is an emptyDir (a plain directory, 0777) into which git clones,
         volume is set up already: nothing to do (after an agent restart too: adopted as it is);
     (2) kubelet's `validateVolume`: repository, revision and directory must not start with '-'
         (git would take them for options); with a revision, the directory must be one level;
-    (3) the wrapped emptyDir: the directory, 0777; with fsGroup, its root gets the group and
-        the setgid bit (the emptyDir's ownership walk, on the empty root);
-    (4) `git clone -- <repository> [<directory>]` in the volume directory;
-    (5) with a revision: the directory to check out in is the volume root for directory ".",
-        else the one entry the clone made (more entries: "unexpected directory contents"), where
+    (3) the wrapped emptyDir, made aside: `STAGING` in that metadata directory (the same file
+        system as the pod directory), 0777; with fsGroup, its root gets the group and the setgid
+        bit (the emptyDir's ownership walk, on the empty root);
+    (4) `git clone -- <repository> [<directory>]` in it;
+    (5) with a revision: the directory to check out in is its root for directory ".", else the
+        one entry the clone made (more entries: "unexpected directory contents"), where
         `git checkout <revision>` and `git reset --hard` run; then the fsGroup walk over it all
         (kubelet runs `SetVolumeOwnership` only on this path);
-    (6) the `ready` marker.
+    (6) rename it to the volume directory: the volume appears complete, at once (kubelet clones
+        in place, so a reader can see the clone before its revision is checked out);
+    (7) the `ready` marker.
 A failure at any step leaves nothing behind (no directory, no marker: kubelet would leave the
 half-done clone), and carries git's own message; the reconciler retries with its backoff.
 
@@ -47,6 +50,8 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 READY_FILE = "ready"
+STAGING = "staging"
+"""Where the volume is cloned and checked out before it is renamed into place (3)-(6)."""
 EMPTY_DIR_MODE = 0o777
 """kubelet's emptyDir `perm`: the volume directory, whatever the umask."""
 RW_MASK = 0o660
@@ -93,25 +98,27 @@ class GitRepo:
     async def set_up(
         self, target: Path, meta_dir: Path, source: GitRepoVolumeSource, *, fs_group: int | None
     ) -> None:
-        """Steps (1)-(6) of the module docstring. Idempotent."""
+        """Steps (1)-(7) of the module docstring. Idempotent."""
         if is_ready(meta_dir):  # (1)
             return
         validate(source)  # (2)
         # Not ready: whatever is there is a set-up that did not finish (an agent killed mid-clone).
         await trio.to_thread.run_sync(remove, target, meta_dir)
+        staging = meta_dir / STAGING
         try:
-            await trio.to_thread.run_sync(_make_root, target, fs_group)  # (3)
+            await trio.to_thread.run_sync(_make_root, staging, fs_group)  # (3)
             args = ["clone", "--", source.repository]
             if source.directory:
                 args.append(source.directory)
-            await self._git(args, cwd=target)  # (4)
+            await self._git(args, cwd=staging)  # (4)
             if source.revision:  # (5)
-                checkout = await trio.to_thread.run_sync(_checkout_dir, target, source.directory)
+                checkout = await trio.to_thread.run_sync(_checkout_dir, staging, source.directory)
                 await self._git(["checkout", source.revision], cwd=checkout)
                 await self._git(["reset", "--hard"], cwd=checkout)
                 if fs_group is not None:
-                    await trio.to_thread.run_sync(set_ownership, target, fs_group)
-            await trio.to_thread.run_sync(_set_ready, meta_dir)  # (6)
+                    await trio.to_thread.run_sync(set_ownership, staging, fs_group)
+            await trio.to_thread.run_sync(_move_into_place, staging, target)  # (6)
+            await trio.to_thread.run_sync(_set_ready, meta_dir)  # (7)
         except BaseException:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(remove, target, meta_dir)
@@ -159,6 +166,14 @@ def _make_root(target: Path, fs_group: int | None) -> None:
     os.chmod(target, EMPTY_DIR_MODE)  # umask-proof, as kubelet's emptyDir
     if fs_group is not None:
         _change(str(target), os.lstat(target), fs_group)
+
+
+def _move_into_place(staging: Path, target: Path) -> None:
+    mkdir_all(target.parent, 0o750)
+    try:
+        os.rename(staging, target)  # target is absent: removed before (3)
+    except OSError as exc:
+        raise VolumeSetupError(f"cannot move the clone to {target}: {exc.strerror}") from None
 
 
 def _checkout_dir(target: Path, directory: str) -> Path:

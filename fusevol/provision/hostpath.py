@@ -97,6 +97,10 @@ class VolumeRecorder(Protocol):
     async def forget(self, pv: PersistentVolume) -> None:
         """Delete the record of `pv`. No-op if there is none."""
 
+    def claim_known(self, key: ObjectKey) -> bool:
+        """The source has read claim `key` since it began tracking it, so the store's copy, or
+        its absence, is the truth: a claim whose watch is (re)opening is not gone."""
+
 
 class HostPathProvisioner:
     def __init__(
@@ -216,6 +220,8 @@ class HostPathProvisioner:
         if pv.claim_ref is None:
             return True
         key = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, *pv.claim_ref)
+        if not self._recorder.claim_known(key):
+            return False
         claim = self._store.get(key, PersistentVolumeClaim)
         return claim is None or not _binds(pv, claim)
 

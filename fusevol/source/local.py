@@ -168,7 +168,10 @@ class ManifestSource:
         origin = self._directory / name
         if isinstance(result, ManifestError):
             self._rejected.add(name)
-            log.error("manifest rejected, keeping its previous objects: %s", result)
+            if self._files.get(name):
+                log.error("manifest rejected, keeping its previous objects: %s", result)
+            else:
+                log.error("manifest rejected, nothing served from it: %s", result)
             return
         self._rejected.discard(name)
         old = self._files.pop(name, {})

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.cache.store import ObjectStore
+    from fusevol.model import ObjectKey
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,10 @@ class ManifestVolumeRecorder:
 
     def provisioned(self) -> tuple[PersistentVolume, ...]:
         return tuple(self._volumes.values())
+
+    def claim_known(self, key: ObjectKey) -> bool:
+        """The manifest directory is read whole: an absent claim is gone."""
+        return True
 
     async def record(self, pv: PersistentVolume) -> None:
         if pv.name in self._volumes:

@@ -35,6 +35,7 @@ CUSTOM: Obj = {
     "root": "/srv/fusevol",
     "source": {"manifests": {"hostPath": "/srv/manifests"}},
     "httpPort": 19808,
+    "httpHost": "127.0.0.1",
     "logLevel": "debug",
     "nodeAllocatable": "cpu=4,memory=8Gi",
     "image": {"repository": "registry.example/fusevol", "tag": "dev", "pullPolicy": "Always"},
@@ -187,13 +188,22 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
     assert container["command"] == ["fusevol"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    argv = [arg.replace("$(NODE_NAME)", "node-7") for arg in container["args"]]
+    argv = [
+        arg.replace("$(NODE_NAME)", "node-7").replace("$(POD_IP)", "10.0.0.7")
+        for arg in container["args"]
+    ]
     args = cli._parser().parse_args(argv)
     assert args.command == "run"
     assert args.root == Path(root)
     assert args.node_name == "node-7"
     assert args.manifests == Path(manifests)
     assert args.http_port == want["httpPort"]
+    # The pod's IP (what probes and scrapers reach) unless told; never the agent's loopback
+    # default without the probes following it.
+    assert args.http_host == (want["httpHost"] or "10.0.0.7")
+    assert named(container["env"], "POD_IP")["valueFrom"] == {
+        "fieldRef": {"fieldPath": "status.podIP"}
+    }
     assert args.log_level == want["logLevel"]
     assert args.node_allocatable == want["nodeAllocatable"]
     assert named(container["env"], "NODE_NAME")["valueFrom"] == {
@@ -235,7 +245,8 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
         ("readiness", "/readyz"),
     ]:
         spec = container[f"{probe}Probe"]
-        assert spec["httpGet"] == {"path": path, "port": "http"}
+        host = {"host": want["httpHost"]} if want["httpHost"] else {}
+        assert spec["httpGet"] == {"path": path, "port": "http", **host}
         assert {k: spec[k] for k in want[f"{probe}Probe"]} == want[f"{probe}Probe"]
 
     # Scheduling and the rest, as asked.
@@ -418,3 +429,4 @@ def test_versions_root_and_port_agree_with_the_agent_and_the_unit(chart: helm.Ch
     assert chart.values["root"] == cli.DEFAULT_ROOT == env["FUSEVOL_ROOT"]
     assert str(chart.values["httpPort"]) == env["FUSEVOL_HTTP_PORT"]
     assert cli._parser().parse_args(["run"]).http_port == chart.values["httpPort"]
+    assert cli._parser().parse_args(["run"]).http_host == "127.0.0.1"  # loopback unless told

@@ -60,8 +60,7 @@ def test_agent_survives_a_file_the_parser_chokes_on(
                 return "dead"
             return (
                 "rejected"
-                if f"manifest rejected, keeping its previous objects: {manifests / name}"
-                in tail.text
+                if f"manifest rejected, nothing served from it: {manifests / name}" in tail.text
                 else None
             )
 

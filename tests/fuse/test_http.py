@@ -89,3 +89,25 @@ def test_metrics_move_with_a_scenario(agent: AgentProcess, manifests: Path) -> N
         )
         == 2  # the set-up and the refresh
     )
+
+
+def listening_addresses(port: int) -> set[str]:
+    """The local addresses of every TCP socket listening on `port` (/proc/net/tcp and tcp6)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                address, _, hex_port = local.partition(":")
+                if state == "0A" and int(hex_port, 16) == port:
+                    found.add(address)
+    return found
+
+
+def test_the_endpoints_listen_on_loopback_unless_told(agent: AgentProcess) -> None:
+    """`/status` names the node's pods and their errors: by default only this host may ask."""
+    match = re.search(r"http listening address=(\S*):(\d+)", agent.log_text())
+    assert match is not None
+    assert match[1] == "127.0.0.1"
+    assert listening_addresses(int(match[2])) == {"0100007F"}  # 127.0.0.1, nothing else
+    assert agent.http_get("/healthz") == (200, "ok\n")

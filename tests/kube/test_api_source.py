@@ -124,6 +124,9 @@ def test_an_api_server_restart_keeps_volumes_served_and_converges(
     with kube_agent() as agent:
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "config"))
+        # The bind shows in the mount table before its operation ends and the status says so.
+        agent.wait_state(UID, "config", "mounted")
+        agent.wait_state(OTHER_UID, "config", "mounted")
         api.stop()
         # While it is away: the cluster changes, the node keeps serving what it had.
         api.update(configmap("app", {"a": "2"}))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import shutil
 import socket
 import stat
 import threading
@@ -159,3 +160,33 @@ async def test_set_up_is_done_once(tmp_path: Path) -> None:
     gitrepo.remove(target, meta)
     assert not target.exists()
     assert not meta.exists()
+
+
+@pytest.mark.parametrize("directory", [".", "app"])
+async def test_the_volume_appears_only_once_its_revision_is_checked_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: str
+) -> None:
+    """Issue 14, item 6: a reader looking while git runs (a `git` first in PATH records what the
+    volume directory holds at each of git's steps, then runs the real git) sees no volume, then
+    the requested revision: never the clone's newest commit."""
+    first, _ = make_repository(tmp_path / "repo", [{"f": "old"}, {"f": "newest"}])
+    target, meta = volume_dirs(tmp_path)
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    seen = tmp_path / "seen"
+    real_git = shutil.which("git")
+    assert real_git is not None
+    (shim / "git").write_text(
+        "#!/bin/sh\n"
+        f'{{ printf "%s: " "$1"; ls -A "{target}" 2>/dev/null | tr "\\n" " " || true; echo; }}'
+        f' >> "{seen}"\n'
+        f'exec "{real_git}" "$@"\n'
+    )
+    os.chmod(shim / "git", 0o755)
+    monkeypatch.setenv("PATH", f"{shim}:{os.environ['PATH']}")
+    source = GitRepoVolumeSource(str(tmp_path / "repo"), first, directory)
+    await gitrepo.GitRepo(timeout_s=30).set_up(target, meta, source, fs_group=None)
+    assert seen.read_text().splitlines() == ["clone: ", "checkout: ", "reset: "]
+    checked_out = target if directory == "." else target / directory
+    assert (checked_out / "f").read_text() == "old"
+    assert sorted(os.listdir(meta)) == ["ready"]  # nothing left aside

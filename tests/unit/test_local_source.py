@@ -6,6 +6,8 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import textwrap
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -19,7 +21,6 @@ from tests.agent import write_atomically
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from pathlib import Path
 
 NODE = "node-1"
 _barriers = itertools.count()
@@ -285,3 +286,32 @@ async def test_directory_moved_away_and_back(
     assert take_errors(caplog) == [
         f"manifest directory {manifests} is gone; keeping its objects until it is back"
     ]
+
+
+async def test_a_file_invalid_from_the_start_says_nothing_is_served_from_it(
+    manifests: Path, store: ObjectStore, nursery, caplog
+) -> None:
+    """Issue 14, item 7: it had no previous objects to keep."""
+    path = manifests / "bad.yaml"
+    path.write_text(config_map("b", "1").replace("k:", "../k:"))
+    await start(nursery, manifests, store)
+    [error] = take_errors(caplog)
+    assert error.startswith(f"manifest rejected, nothing served from it: {path}: configmap ")
+    assert store.get(cm_key("b")) is None
+
+
+async def test_the_examples_second_pod_shares_the_demo_objects_without_an_error(
+    manifests: Path, store: ObjectStore, nursery, caplog
+) -> None:
+    """examples/README.md's second pod, as its reader makes it: no object defined twice."""
+    examples = Path(__file__).parents[2] / "examples"
+    (manifests / "demo.yaml").write_text((examples / "demo.yaml").read_text())
+    walk = (examples / "README.md").read_text()
+    heredoc = walk.split("cat > examples/demo2.yaml <<'EOF'\n", 1)[1].split("EOF\n", 1)[0]
+    (manifests / "demo2.yaml").write_text(textwrap.dedent(heredoc))
+    await start(nursery, manifests, store)
+    assert take_errors(caplog) == []
+    assert sorted(pod.name for pod in store.pods()) == ["demo", "demo2"]
+    second = store.get(pod_key("demo2"), Pod)
+    assert second is not None
+    assert second.uid == "6a1f2c3e-0000-4000-8000-000000000002"

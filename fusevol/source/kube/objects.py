@@ -71,6 +71,10 @@ class ObjectTracker(Protocol):
     async def sync(self) -> None:
         """The periodic sync (Cache and Get refetch; Watch has nothing to do)."""
 
+    def read(self, key: ObjectKey) -> bool:
+        """`key` is tracked and was read since: the store's copy, or its absence, is the API's
+        (a DELETED event, a list or a GET without it), not merely a watch still listing."""
+
     def statistics(self) -> TrackerStatistics: ...
 
 
@@ -114,6 +118,12 @@ class WatchedObjects:
 
     async def sync(self) -> None:
         pass
+
+    def read(self, key: ObjectKey) -> bool:
+        if key in self._immutable:
+            return True
+        watch = self._watches.get(key)
+        return watch is not None and watch[0].synced.is_set()
 
     def statistics(self) -> TrackerStatistics:
         return TrackerStatistics(
@@ -188,10 +198,12 @@ class FetchedObjects:
             else cachetools.TTLCache(maxsize=1 << 20, ttl=ttl_s, timer=time.monotonic)
         )
         self._fetches = 0
+        self._read: set[ObjectKey] = set()
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._wanted - keys:
             self._store.delete(key)
+            self._read.discard(key)
             if self._fresh is not None:
                 self._fresh.pop(key, None)
         self._wanted = set(keys)
@@ -206,6 +218,9 @@ class FetchedObjects:
     async def sync(self) -> None:
         fresh = self._fresh
         await self._fetch_all({k for k in self._wanted if fresh is None or k not in fresh})
+
+    def read(self, key: ObjectKey) -> bool:
+        return key in self._read
 
     def statistics(self) -> TrackerStatistics:
         return TrackerStatistics(len(self._wanted), 0, 0, self._fetches)
@@ -235,5 +250,6 @@ class FetchedObjects:
             and isinstance(obj, PersistentVolumeClaim)
         ):
             self._on_claim()
+        self._read.add(key)
         if self._fresh is not None:
             self._fresh[key] = True

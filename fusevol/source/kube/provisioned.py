@@ -63,6 +63,10 @@ class KubeVolumeRecorder:
         self._provisioner = provisioner
         self._origin = client.host
         self._volumes: dict[str, PersistentVolume] = {}
+        self._recording: dict[str, ObjectKey] = {}
+        """PV name -> its claim, while `record` creates it: the claim stays tracked meanwhile."""
+        self.claim_read: Callable[[ObjectKey], bool] = lambda key: False
+        """Whether the source has read `key` since it tracks it (the source sets it)."""
         self.on_change: Callable[[], None] = lambda: None
         """Called when the set of recorded PVs (or their claims) changed."""
         self.reflector = Reflector(
@@ -83,12 +87,20 @@ class KubeVolumeRecorder:
         await self.reflector.run()
 
     def claim_keys(self) -> set[ObjectKey]:
-        """The claims the recorded PVs are pre-bound or bound to."""
-        return {
+        """The claims the recorded PVs (and those being created) are pre-bound or bound to.
+
+        A claim being provisioned stays here from before its PV's create until the PV is in the
+        mirror: the PV controller may bind the claim before the create answers, and the claims'
+        watch may say so before the PVs' watch brings the PV; were the claim tracked by nothing
+        for that moment, its watch would close and reopen and the claim leave the store."""
+        return set(self._recording.values()) | {
             ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, *pv.claim_ref)
             for pv in self._volumes.values()
             if pv.claim_ref is not None
         }
+
+    def claim_known(self, key: ObjectKey) -> bool:
+        return self.claim_read(key)
 
     # -- VolumeRecorder ----------------------------------------------------------------------------
 
@@ -101,24 +113,36 @@ class KubeVolumeRecorder:
         document = to_document(pv)
         del document["metadata"]["resourceVersion"]
         document["metadata"]["labels"] = {NODE_LABEL: self._node_name}
-        created: Obj | None
+        if pv.claim_ref is not None:
+            self._recording[pv.name] = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, *pv.claim_ref)
         try:
-            created = await trio.to_thread.run_sync(self._client.create_persistent_volume, document)
+            created = await self._create(pv.name, document)
+            created.setdefault("kind", "PersistentVolume")
+            created.setdefault("apiVersion", "v1")
+            obj = convert(created, origin=self._origin)
+            if not isinstance(obj, PersistentVolume) or not self._ours(obj):
+                raise ApiError(409, "AlreadyExists", f"persistentvolume {pv.name} exists, not ours")
+            self._put(obj)
+        finally:
+            if self._recording.pop(pv.name, None) is not None and pv.name not in self._volumes:
+                self.on_change()  # not recorded: its claim may not be wanted any more
+        log.info("persistentvolume created pv=%s claim=%s/%s", pv.name, *(pv.claim_ref or ("", "")))
+
+    async def _create(self, name: str, document: Obj) -> Obj:
+        try:
+            created: Obj = await trio.to_thread.run_sync(
+                self._client.create_persistent_volume, document
+            )
         except ApiError as exc:
             if exc.code != 409:
                 raise
-            created = await trio.to_thread.run_sync(
-                lambda: self._client.get(Kind.PERSISTENT_VOLUME, namespace="", name=pv.name)
+            existing = await trio.to_thread.run_sync(
+                lambda: self._client.get(Kind.PERSISTENT_VOLUME, namespace="", name=name)
             )
-            if created is None:  # deleted meanwhile: the next attempt creates it again
+            if existing is None:  # deleted meanwhile: the next attempt creates it again
                 raise
-        created.setdefault("kind", "PersistentVolume")
-        created.setdefault("apiVersion", "v1")
-        obj = convert(created, origin=self._origin)
-        if not isinstance(obj, PersistentVolume) or not self._ours(obj):
-            raise ApiError(409, "AlreadyExists", f"persistentvolume {pv.name} exists, not ours")
-        self._put(obj)
-        log.info("persistentvolume created pv=%s claim=%s/%s", pv.name, *(pv.claim_ref or ("", "")))
+            created = existing
+        return created
 
     async def release(self, pv: PersistentVolume) -> None:
         """The PV controller marks it `Released`; nothing to do here."""

@@ -160,6 +160,7 @@ class KubeSource:
             await pods.synced.wait()
             if self._recorder is not None:
                 self._recorder.on_change = self._claim_changed
+                self._recorder.claim_read = self._objects.read
                 nursery.start_soon(self._recorder.run)
                 if self._selected is not None:
                     nursery.start_soon(self._selected.run)
