@@ -44,9 +44,10 @@ from fusevol.cache.actual import ActualState, MountedVolume, MountState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
+from fusevol.fuse import snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
-from fusevol.fuse.session import serve
+from fusevol.fuse.session import Connection, can_take_over, serve
 from fusevol.fuse.tree import Tree
 from fusevol.handover import Predecessor, find_predecessor, serve_as_lame_duck
 from fusevol.launcher import Launcher
@@ -108,7 +109,7 @@ class Agent:
         self.store = ObjectStore()
         self.desired = DesiredState()
         self.actual = ActualState()
-        self.tree = Tree()
+        self.tree, self._journal, self._take_over = _fuse_state(launcher)
         self.operations = Operations(
             self.tree,
             is_agent=lambda pid: self.publisher.is_publisher(pid),
@@ -120,6 +121,8 @@ class Agent:
             mountpoint=layout.fuse_mountpoint(root),
             grace_s=settings.fuse.old_version_grace_s,
         )
+        if self._take_over is not None:
+            self.publisher.adopt()
         self.executor = Executor(
             initial_backoff_s=settings.reconcile.initial_backoff_s,
             max_backoff_s=settings.reconcile.max_backoff_s,
@@ -284,14 +287,16 @@ class Agent:
         lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", self.backend, root)  # (1)
         try:
             predecessor = await find_predecessor(layout.handover_socket(root))
-            await detach_dead_fuse_mounts(self.backend, root)  # (2)
+            if self._take_over is None:  # else our predecessor's mount is alive: ours now
+                await detach_dead_fuse_mounts(self.backend, root)  # (2)
             found = reconstruct(root)
             for volume in found:
                 self.actual.mark_mounted(volume)
             if isinstance(self.recorder, ManifestVolumeRecorder):
                 self.recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
-            layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
+            if self._take_over is None:  # (its stat would wait for our own FUSE server)
+                layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
             # so it is shielded from outside cancellation and stopped here, last.
             fuse_scope = trio.CancelScope(shield=True)
@@ -415,10 +420,40 @@ class Agent:
                     mountpoint,
                     max_tasks=self.settings.fuse.max_tasks,
                     unmount=lambda: not self._detached,
+                    take_over=self._take_over,
+                    connected=self._connected,
                     task_status=task_status,
                 )
             finally:
                 self._fuse_up = False
+
+    def _connected(self, connection: Connection) -> None:
+        """The kernel's INIT is answered: have the launcher keep the connection and our tree's
+        state, so that a successor takes them over if we die (fusevol.launcher)."""
+        if self._launcher is None or self._journal is None:
+            return
+        self._journal.write_init(connection.init_request)
+        self._launcher.hold(connection.fd, self._journal.fd)
+        log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
+
+
+def _fuse_state(
+    launcher: Launcher | None,
+) -> tuple[Tree, snapshot.Journal | None, Connection | None]:
+    """The FUSE tree, the journal of its state kept for a successor (launched agents only), and
+    the connection to take over if the launcher restarted us after a crash."""
+    if launcher is None or not can_take_over():
+        return Tree(), None, None
+    if launcher.take_over is None:
+        tree = Tree()
+        return tree, snapshot.Journal.create(tree), None
+    fuse_fd, state_fd = launcher.take_over
+    restored = snapshot.restore(state_fd)
+    if restored.init_request is None:
+        raise FusevolError("the FUSE state handed over has no INIT request")
+    stats = restored.tree.statistics()
+    log.info("taking the FUSE connection over inodes=%d", stats.nodes)
+    return restored.tree, restored.journal, Connection(fuse_fd, restored.init_request)
 
 
 async def run_until_signalled(settings: Settings) -> None:

@@ -127,8 +127,13 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":
-            if LAUNCHER_FD_ENV not in os.environ and (status := launch()) is not None:
-                return status  # the launcher's: the agent runs in its child (fusevol.launcher)
+            if LAUNCHER_FD_ENV not in os.environ:
+                # Imported before the fork, run only in the child: a child the launcher starts
+                # after a crash serves again without first spending a second or two on imports.
+                import fusevol.app  # noqa: F401
+
+                if (status := launch()) is not None:
+                    return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         if args.command == "teardown":
             return _teardown(args)

@@ -66,6 +66,7 @@ def links(root: str, names: list[str]) -> None:
 OPERATIONS: dict[str, Callable[..., None]] = {
     "mkdir": os.mkdir,
     "rmdir": os.rmdir,
+    "unlink": os.unlink,
     "switch": switch,
     "links": links,
 }
