@@ -216,6 +216,9 @@ class Agent:
         self._lame_duck = trio.CancelScope(shield=True)
         self._detached = False
         """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
+        self._fuse_scope = trio.CancelScope(shield=True)
+        self._connection: Connection | None = None
+        """A duplicate of our FUSE connection, once the launcher holds it too (`_connected`)."""
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -299,7 +302,7 @@ class Agent:
                 layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
             # so it is shielded from outside cancellation and stopped here, last.
-            fuse_scope = trio.CancelScope(shield=True)
+            fuse_scope = self._fuse_scope
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
                 await fuse_nursery.start(self._run_publisher)
@@ -374,18 +377,40 @@ class Agent:
 
             async def listen(*, task_status: trio.TaskStatus[None]) -> None:
                 path = layout.handover_socket(self.settings.root)
-                outcome.append(await serve_as_lame_duck(path, task_status=task_status))
+                outcome.append(
+                    await serve_as_lame_duck(
+                        path,
+                        hand_over=self._hand_over if self._connection is not None else None,
+                        task_status=task_status,
+                    )
+                )
 
             await nursery.start(listen)
-            await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)
-            self._detached = True
+            if self._connection is None:  # else the successor takes our mount over as it is
+                await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)
+                self._detached = True
             lock.release()
             self._launcher.detach()
-            log.info("lame duck: serving pod volumes until the next agent has stacked its binds")
+            log.info(
+                "lame duck: serving pod volumes until the next agent %s",
+                "takes the connection over" if self._connection else "has stacked its binds",
+            )
         log.info(
             "lame duck done: %s",
-            "the next agent has stacked its binds" if outcome == [True] else "no successor",
+            "the next agent took over" if outcome == [True] else "no successor",
         )
+
+    async def _hand_over(self) -> list[int]:
+        """Stop answering FUSE (what we read but did not answer, the successor gets again) and
+        return our connection's descriptors for the successor (fusevol.handover)."""
+        assert self._connection is not None
+        assert self._journal is not None
+        self._detached = True  # the mount is the successor's now: never unmount it
+        self._fuse_scope.cancel()
+        while self._fuse_up:  # noqa: ASYNC110 - a few ms: the FUSE tasks end at once
+            await trio.sleep(0.001)
+        log.info("handing the FUSE connection over to the next agent")
+        return [self._connection.fd, self._journal.fd]
 
     async def _release(self, predecessor: Predecessor, found: list[MountedVolume]) -> None:
         """Tell the lame duck we hold every volume we found on the node (set up again, or torn
@@ -434,6 +459,8 @@ class Agent:
             return
         self._journal.write_init(connection.init_request)
         self._launcher.hold(connection.fd, self._journal.fd)
+        # Our own duplicate, for a successor we hand it to (pyfuse3 closes its own when it stops).
+        self._connection = Connection(os.dup(connection.fd), connection.init_request)
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
 
 

@@ -26,7 +26,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import __version__, log
+from fusevol import __version__, layout, log
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, HttpSettings, KubeSettings, Settings
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 # after a crash serves again without first spending a second or two on imports.
                 import fusevol.app  # noqa: F401
 
-                if (status := launch()) is not None:
+                if (status := launch(layout.handover_socket(args.root.absolute()))) is not None:
                     return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         if args.command == "teardown":

@@ -18,10 +18,18 @@ binds then turn dead as after a crash, and the next agent recovers them the same
 Protocol: the successor connects and keeps the connection while it sets up; once every volume it
 found on the node is set up again (or torn down), it sends `STACKED` and closes. A lame duck that
 loses the connection without `STACKED` (its successor crashed) waits for the next one.
+
+Taking over (a lame duck whose connection can be taken over, `fusevol.fuse.snapshot`): its FUSE
+mountpoint stays attached, and the successor's launcher (`fusevol.launcher.take_over_from`)
+sends `TAKE_OVER` instead; the lame duck stops reading `/dev/fuse` (the requests it read but did
+not answer are sent again to the successor: FUSE_NOTIFY_RESEND), answers with its `/dev/fuse`
+and state descriptors (SCM_RIGHTS), and exits. Readers wait meanwhile; none fails, whatever
+their mount propagation, and no bind is stacked.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import logging
@@ -32,11 +40,13 @@ from typing import TYPE_CHECKING
 import trio
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 STACKED = b"stacked\n"
+TAKE_OVER = b"take-over\n"
 LAME_DUCK_S = 60.0
 """How long a lame duck waits for a successor to stack its binds before it exits anyway."""
 
@@ -45,10 +55,14 @@ async def serve_as_lame_duck(
     path: Path,
     *,
     timeout_s: float = LAME_DUCK_S,
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> bool:
-    """Listen at `path` until a successor sends `STACKED` (True) or `timeout_s` passes (False).
+    """Listen at `path` until a successor sends `STACKED` or takes the connection over (True), or
+    `timeout_s` passes (False).
 
+    `hand_over()` stops our FUSE server and returns the descriptors to send a successor that asks
+    to take over (None: we cannot be taken over, and such a request is refused by closing).
     Reports started once listening: the caller releases the agent lock only then, so a successor
     that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -66,6 +80,13 @@ async def serve_as_lame_duck(
                     received = b""
                     while chunk := await connection.recv(64):
                         received += chunk
+                        if received == TAKE_OVER and hand_over is not None:
+                            fds = await hand_over()
+                            rights = array.array("i", fds).tobytes()
+                            await connection.sendmsg(
+                                [TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                            )
+                            return True
                 if received.startswith(STACKED):
                     return True
                 log.info("the successor left without stacking its binds: waiting for the next")

@@ -41,6 +41,7 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from pathlib import Path
     from types import FrameType
 
 LAUNCHER_FD_ENV = "FUSEVOL_LAUNCHER_FD"
@@ -49,6 +50,8 @@ or sends `CONNECTION` with its descriptors."""
 TAKE_OVER_ENV = "FUSEVOL_TAKE_OVER"
 """`<fuse fd>,<state fd>`: the connection a restarted child takes over (descriptors it inherits)."""
 LAME_DUCK = b"L"
+TAKE_OVER = b"take-over\n"
+"""What the next launcher sends a lame duck to take its connection over (`fusevol.handover`)."""
 CONNECTION = b"C"
 RESTARTS = 5
 RESTART_WINDOW_S = 60.0
@@ -117,13 +120,18 @@ class _Held:
         self.fds = None
 
 
-def launch() -> int | None:
+def launch(handover_socket: Path | None = None) -> int | None:
     """Fork the agent. Returns None in the child, which goes on to run the agent (`fusevol.cli`),
     and the exit status for `fusevol run` in the launcher, once it may exit.
+
+    A lame duck listening at `handover_socket` (an upgrade-restart) is asked for its connection
+    first, which the first child then takes over as after a crash.
 
     A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
     launcher has parsed the arguments and imported the agent, but started nothing of it."""
     held = _Held()
+    if handover_socket is not None and (fds := take_over_from(handover_socket)) is not None:
+        held.replace(list(fds))
     stopping = False
     restarts: list[float] = []
     child = 0
@@ -161,6 +169,24 @@ def launch() -> int | None:
             file=sys.stderr,
             flush=True,
         )
+
+
+def take_over_from(path: Path, *, timeout_s: float = 10.0) -> tuple[int, int] | None:
+    """Ask the lame duck at `path` (`fusevol.handover`) for its FUSE connection: (fuse fd, state
+    fd), or None if there is no lame duck or it cannot be taken over."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+            sock.sendall(TAKE_OVER)
+            message, fds, _, _ = socket.recv_fds(sock, 64, 2)
+        except OSError:
+            return None
+    if message != TAKE_OVER or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return fds[0], fds[1]
 
 
 def _fork(theirs: socket.socket, held: tuple[int, int] | None) -> int:

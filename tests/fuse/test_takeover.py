@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fusevol.fuse.session import can_take_over
-from tests.agent import AgentProcess, pid_alive, running_agent, wait_for
+from tests.agent import AgentProcess, mounts_below, pid_alive, running_agent, wait_for
 from tests.fuse.conftest import POD_UID, configmap
 
 if TYPE_CHECKING:
@@ -137,3 +137,41 @@ def test_a_reader_blocked_in_a_request_gets_its_answer(manifests: Path, tmp_path
         assert {"..data", "a", "b"} <= set(out.split())
         agent.stop()
     assert not pid_alive(old)
+
+
+def test_upgrade_restart_hands_the_connection_over(manifests: Path, tmp_path: Path) -> None:
+    """SIGTERM, then a new `fusevol run`: the new launcher takes the lame duck's connection over
+    on the hand-over socket; no read fails, the old agent is gone within 10 s, and no bind is
+    stacked (the pod volume is the same mount throughout)."""
+    root = tmp_path / "root"
+    with running_agent(manifests, root) as first:
+        first.wait_state(POD_UID, "config", "mounted")
+        first.wait_state(POD_UID, "creds", "mounted")
+        wait_for(lambda: "held by the launcher" in first.log_text())
+        volume = first.volume(POD_UID, "configmap", "config")
+        mounts = mounts_below(root)
+        reader = Reader(volume, tmp_path / "reads")
+        try:
+            first.hand_over()
+            stopped = time.monotonic()
+            with running_agent(manifests, root) as second:
+                first.wait_agent_gone(10)
+                gone_after = time.monotonic() - stopped
+                second.wait_state(POD_UID, "config", "mounted")
+                before = len(reader.records())
+                wait_for(lambda: len(reader.records()) > before + 10, timeout_s=20)
+                assert mounts_below(root) == mounts  # nothing stacked, nothing detached
+                (manifests / "configmap.yaml").write_text(configmap(a="edited"))
+                wait_for(lambda: reader.records()[-1][3:4] == ["edited"], timeout_s=10)
+                records = reader.stop()
+                second.stop()
+        finally:
+            reader.stop()
+    failed = [r for r in records if r[2] != "ok"]
+    assert failed == [], failed[:5]
+    pause = max(float(r[1]) - float(r[0]) for r in records)  # type: ignore[arg-type]
+    print(
+        f"upgrade-restart: {len(records)} reads, 0 failed, longest read {pause:.3f} s,"
+        f" old agent gone after {gone_after:.2f} s"
+    )
+    assert "handing the FUSE connection over" in first.log_text()
