@@ -218,7 +218,7 @@ class Agent:
         """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
         self._fuse_scope = trio.CancelScope(shield=True)
         self._connection: Connection | None = None
-        """A duplicate of our FUSE connection, once the launcher holds it too (`_connected`)."""
+        """Our FUSE connection, once the launcher holds it too (`_connected`)."""
         self._register_metrics()
 
     def _register_metrics(self) -> None:
@@ -406,11 +406,12 @@ class Agent:
         assert self._connection is not None
         assert self._journal is not None
         self._detached = True  # the mount is the successor's now: never unmount it
+        fuse_fd = os.dup(self._connection.fd)  # pyfuse3 closes its own as it stops
         self._fuse_scope.cancel()
         while self._fuse_up:  # noqa: ASYNC110 - a few ms: the FUSE tasks end at once
             await trio.sleep(0.001)
         log.info("handing the FUSE connection over to the next agent")
-        return [self._connection.fd, self._journal.fd]
+        return [fuse_fd, self._journal.fd]
 
     async def _release(self, predecessor: Predecessor, found: list[MountedVolume]) -> None:
         """Tell the lame duck we hold every volume we found on the node (set up again, or torn
@@ -459,8 +460,7 @@ class Agent:
             return
         self._journal.write_init(connection.init_request)
         self._launcher.hold(connection.fd, self._journal.fd)
-        # Our own duplicate, for a successor we hand it to (pyfuse3 closes its own when it stops).
-        self._connection = Connection(os.dup(connection.fd), connection.init_request)
+        self._connection = connection
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
 
 

@@ -11,7 +11,8 @@ process to exit; the launcher is that process.
 - The child killed (kill -9, OOM, a fatal signal) while the launcher holds its connection: the
   launcher forks a new child at once, which takes the connection over (`FUSEVOL_TAKE_OVER`: the
   two descriptors it inherits) and answers for everything its predecessor served; readers pause,
-  none fails. At most `RESTARTS` in `RESTART_WINDOW_S`, then the launcher exits as below.
+  none fails. A child that dies before it has taken the connection over (sent it back) is a
+  failed restart: after `RESTARTS` failed restarts in a row, the launcher exits as below.
 - SIGTERM: forwarded; the child stops reconciling, releases the agent lock and writes `LAME_DUCK`
   on the launcher's socket; the launcher exits 0 at once, the child serves on alone
   (`fusevol.handover`).
@@ -37,7 +38,6 @@ import os
 import signal
 import socket
 import sys
-import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -54,7 +54,6 @@ TAKE_OVER = b"take-over\n"
 """What the next launcher sends a lame duck to take its connection over (`fusevol.handover`)."""
 CONNECTION = b"C"
 RESTARTS = 5
-RESTART_WINDOW_S = 60.0
 _PR_SET_PDEATHSIG = 1
 
 
@@ -105,11 +104,14 @@ class _Held:
 
     def __init__(self) -> None:
         self.fds: tuple[int, int] | None = None
+        self.fresh = False
+        """Sent by the current child: it serves the connection (a restart that worked)."""
 
     def replace(self, fds: list[int]) -> None:
         self.close()
         if len(fds) == 2:
             self.fds = (fds[0], fds[1])
+            self.fresh = True
         else:
             for fd in fds:
                 os.close(fd)
@@ -132,8 +134,9 @@ def launch(handover_socket: Path | None = None) -> int | None:
     held = _Held()
     if handover_socket is not None and (fds := take_over_from(handover_socket)) is not None:
         held.replace(list(fds))
+        held.fresh = False  # until our first child has taken it over
     stopping = False
-    restarts: list[float] = []
+    failed_restarts = 0
     child = 0
 
     def forward(signum: int, _frame: FrameType | None) -> None:
@@ -156,13 +159,12 @@ def launch(handover_socket: Path | None = None) -> int | None:
         if status is None:  # a lame duck serves on alone
             held.close()
             return 0
+        failed_restarts = 0 if held.fresh else failed_restarts + 1
+        held.fresh = False
         killed = os.WIFSIGNALED(status)
-        now = time.monotonic()
-        restarts = [t for t in restarts if now - t < RESTART_WINDOW_S]
-        if stopping or not killed or held.fds is None or len(restarts) >= RESTARTS:
+        if stopping or not killed or held.fds is None or failed_restarts >= RESTARTS:
             held.close()
             return _status(status)
-        restarts.append(now)
         print(
             f"fusevol: the agent was killed by {signal.Signals(os.WTERMSIG(status)).name}:"
             " a new one takes its FUSE connection over",
