@@ -1,4 +1,7 @@
-"""The composition root: builds every component, starts them in dependency order, stops cleanly.
+"""The composition root: builds every component in dependency order, starts them in order, stops
+cleanly. Each concern lives in the module named for it: the lock (fusevol.lock), the hand-over
+(fusevol.handover), systemd's notify protocol (fusevol.sdnotify), the metrics wiring
+(fusevol.agent_metrics); this module only connects them.
 
 Start-up order (each `nursery.start` returns once the component is ready):
     1. lock `<root>/fusevol/lock`, so two agents never share a root (a lame duck holds none), and
@@ -27,20 +30,17 @@ Two kinds of stop (`stop()`):
 
 from __future__ import annotations
 
-import collections
 import dataclasses
-import fcntl
+import functools
 import logging
 import os
 import signal
-import socket
-import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from fusevol import layout
-from fusevol.cache.actual import ActualState, MountedVolume, MountState
+from fusevol import agent_metrics, layout, sdnotify
+from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
@@ -49,8 +49,9 @@ from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, can_take_over, serve
 from fusevol.fuse.tree import Tree
-from fusevol.handover import Predecessor, find_predecessor, serve_as_lame_duck
+from fusevol.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
 from fusevol.launcher import Launcher
+from fusevol.lock import AgentLock
 from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import Populator
@@ -71,29 +72,66 @@ from fusevol.source.provisioned import ManifestVolumeRecorder
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Iterable
+    from collections.abc import AsyncIterator
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
-    from fusevol.model import UniqueVolumeName
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.settings import Settings
-    from fusevol.source.kube.client import KubeClient
-    from fusevol.source.kube.source import KubeSource
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
 """A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
-RELEASE_WAIT_S = 30.0
-"""How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
-HANDING_OVER = "handing-over"
-LOCK_WAIT_S = 10.0
-"""How long a new agent waits for a dying predecessor (killed, not yet gone) to release the lock."""
 
 
-class AgentAlreadyRunning(FusevolError):
-    """Another agent holds the lock on the same root."""
+class Source(Protocol):
+    """Where pods and the objects they reference come from: a manifest directory
+    (fusevol.source.local) or the Kubernetes API (fusevol.source.kube)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None:
+        """Deliver the complete initial state to the store, report started, then follow it."""
+
+    def volume_failed(self, volume: VolumeToServe, error: str) -> None:
+        """Record a failed set-up or refresh where the source's users see it."""
+
+    def statistics(self) -> Any:
+        """A frozen dataclass of counters, for the status snapshot."""
+
+
+def _build_source(
+    settings: Settings, store: ObjectStore
+) -> tuple[Source, VolumeRecorder, ManifestVolumeRecorder | None]:
+    """The source the settings ask for, and where provisioned PVs are recorded: through the API
+    with the Kubernetes source, in `<root>/fusevol/provisioned.json` with manifests (returned
+    a third time: the agent loads it before any source runs)."""
+    if settings.kube is not None:
+        # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+        from fusevol.source.kube.client import KubeClient
+        from fusevol.source.kube.provisioned import KubeVolumeRecorder
+        from fusevol.source.kube.source import KubeSource
+
+        client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+        recorder = KubeVolumeRecorder(
+            client=client, node_name=settings.node_name, provisioner=PROVISIONER
+        )
+        source = KubeSource(
+            client=client,
+            node_name=settings.node_name,
+            store=store,
+            settings=settings.kube,
+            recorder=recorder,
+        )
+        return source, recorder, None
+    if settings.manifests is None:
+        raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
+    manifest_recorder = ManifestVolumeRecorder(
+        path=layout.provisioned_file(settings.root), store=store
+    )
+    manifests = ManifestSource(
+        directory=settings.manifests, node_name=settings.node_name, store=store
+    )
+    return manifests, manifest_recorder, manifest_recorder
 
 
 class Agent:
@@ -110,12 +148,6 @@ class Agent:
         self.desired = DesiredState()
         self.actual = ActualState()
         self.tree, self._journal, self._take_over = _fuse_state(launcher)
-        self.operations = Operations(
-            self.tree,
-            is_agent=lambda pid: self.publisher.is_publisher(pid),
-            entry_timeout_s=settings.fuse.entry_timeout_s,
-            attr_timeout_s=settings.fuse.attr_timeout_s,
-        )
         self.publisher = Publisher(
             self.tree,
             mountpoint=layout.fuse_mountpoint(root),
@@ -123,11 +155,16 @@ class Agent:
         )
         if self._take_over is not None:
             self.publisher.adopt()
+        self.operations = Operations(
+            self.tree,
+            is_agent=self.publisher.is_publisher,
+            entry_timeout_s=settings.fuse.entry_timeout_s,
+            attr_timeout_s=settings.fuse.attr_timeout_s,
+        )
         self.executor = Executor(
             initial_backoff_s=settings.reconcile.initial_backoff_s,
             max_backoff_s=settings.reconcile.max_backoff_s,
-            on_done=lambda: self.reconciler.kick(),
-            on_finished=self._observe_operation,
+            on_finished=agent_metrics.operation_observer(self.metrics),
         )
         self.volumes = Volumes(
             root=root,
@@ -138,6 +175,10 @@ class Agent:
             observe_propagation=self.metrics.update_propagation.observe,
             git_timeout_s=settings.mount.git_timeout_s,
         )
+        self.source, recorder, self._manifest_recorder = _build_source(settings, self.store)
+        self.provisioner = HostPathProvisioner(
+            root=root, node_name=settings.node_name, store=self.store, recorder=recorder
+        )
         self.status = StatusReporter(
             root=root,
             node_name=settings.node_name,
@@ -146,24 +187,6 @@ class Agent:
             executor=self.executor,
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
-        )
-        self.kube_client: KubeClient | None = None
-        self.recorder: VolumeRecorder
-        if settings.kube is not None:
-            # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
-            from fusevol.source.kube.client import KubeClient
-            from fusevol.source.kube.provisioned import KubeVolumeRecorder
-
-            self.kube_client = KubeClient(kubeconfig=settings.kube.kubeconfig)
-            self.recorder = KubeVolumeRecorder(
-                client=self.kube_client, node_name=settings.node_name, provisioner=PROVISIONER
-            )
-        else:
-            self.recorder = ManifestVolumeRecorder(
-                path=layout.provisioned_file(root), store=self.store
-            )
-        self.provisioner = HostPathProvisioner(
-            root=root, node_name=settings.node_name, store=self.store, recorder=self.recorder
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -176,29 +199,9 @@ class Agent:
             volumes=self.volumes,
             resync_interval_s=settings.reconcile.resync_interval_s,
             on_pass=self.status.changed,
-            on_volume_failed=self._volume_failed,
+            on_volume_failed=self.source.volume_failed,
             provisioner=self.provisioner,
         )
-        self.kube_source: KubeSource | None = None
-        self.source: ManifestSource | KubeSource
-        if settings.kube is not None and self.kube_client is not None:
-            from fusevol.source.kube.provisioned import KubeVolumeRecorder
-            from fusevol.source.kube.source import KubeSource
-
-            assert isinstance(self.recorder, KubeVolumeRecorder)
-            self.source = self.kube_source = KubeSource(
-                client=self.kube_client,
-                node_name=settings.node_name,
-                store=self.store,
-                settings=settings.kube,
-                recorder=self.recorder,
-            )
-        elif settings.manifests is not None:
-            self.source = ManifestSource(
-                directory=settings.manifests, node_name=settings.node_name, store=self.store
-            )
-        else:
-            raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
         self.http = HealthServer(
             host=settings.http.host,
             port=settings.http.port,
@@ -206,6 +209,14 @@ class Agent:
             healthy=lambda: self._fuse_up,
             ready=lambda: self.store.synced and self.reconciler.passes > 0,
             status=self.status.snapshot,
+        )
+        agent_metrics.register(
+            self.metrics,
+            desired=self.desired,
+            actual=self.actual,
+            store=self.store,
+            tree=self.tree,
+            operations=self.operations,
         )
         self._fuse_up = False
         self.handover = False
@@ -219,61 +230,6 @@ class Agent:
         self._fuse_scope = trio.CancelScope(shield=True)
         self._connection: Connection | None = None
         """Our FUSE connection, once the launcher holds it too (`_connected`)."""
-        self._register_metrics()
-
-    def _register_metrics(self) -> None:
-        def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
-            for state, names in (
-                ("desired_state_of_world", [v.name for v in self.desired.volumes_to_serve()]),
-                ("actual_state_of_world", [v.name for v in self.actual.mounted_volumes()]),
-            ):
-                for plugin, count in collections.Counter(map(_plugin_of, names)).items():
-                    yield {"plugin_name": plugin, "state": state}, count
-
-        self.metrics.add_gauge(
-            "volume_manager_total_volumes",
-            "Volumes in the desired and actual state of world",
-            ["plugin_name", "state"],
-            volumes_by_state,
-        )
-        self.metrics.add_counter(
-            "fusevol_fuse_requests",
-            "FUSE requests answered, by operation",
-            ["operation"],
-            lambda: (({"operation": op}, n) for op, n in self.operations.requests.items()),
-        )
-        self.metrics.add_counter(
-            "fusevol_fuse_read_bytes",
-            "Bytes read through the FUSE mount",
-            [],
-            lambda: [({}, self.operations.read_bytes)],
-        )
-        self.metrics.add_gauge(
-            "fusevol_objects",
-            "Objects held in memory, by kind",
-            ["kind"],
-            lambda: (
-                ({"kind": kind}, n) for kind, n in self.store.statistics().objects_by_kind.items()
-            ),
-        )
-        self.metrics.add_gauge(
-            "fusevol_fuse_inodes",
-            "Inodes of the FUSE file system (reachable or still known to the kernel)",
-            [],
-            lambda: [({}, self.tree.statistics().nodes)],
-        )
-
-    def _volume_failed(self, volume: VolumeToServe, error: str) -> None:
-        if self.kube_source is not None:
-            self.kube_source.events.failed_mount(volume.pod, volume.spec_name, error)
-
-    def _observe_operation(
-        self, name: UniqueVolumeName, operation: str, seconds: float, ok: bool
-    ) -> None:
-        kubelet_name = _OPERATION_NAMES.get(operation, "volume_mount")
-        self.metrics.operation_duration.labels(
-            _plugin_of(name), kubelet_name, "success" if ok else "fail-unknown"
-        ).observe(seconds)
 
     def statistics(self) -> dict[str, Any]:
         """Every component's counters, for the status snapshot."""
@@ -287,7 +243,7 @@ class Agent:
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root
-        lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", self.backend, root)  # (1)
+        lock = await AgentLock.acquire(root, self.backend)  # (1)
         try:
             predecessor = await find_predecessor(layout.handover_socket(root))
             if self._take_over is None:  # else our predecessor's mount is alive: ours now
@@ -295,8 +251,8 @@ class Agent:
             found = reconstruct(root)
             for volume in found:
                 self.actual.mark_mounted(volume)
-            if isinstance(self.recorder, ManifestVolumeRecorder):
-                self.recorder.load()  # the PVs this node provisioned, before any source
+            if self._manifest_recorder is not None:
+                self._manifest_recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
             if self._take_over is None:  # (its stat would wait for our own FUSE server)
                 layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
@@ -313,16 +269,22 @@ class Agent:
                             await nursery.start(self.status.run)
                             if self.settings.http.port >= 0:
                                 await nursery.start(self.http.run)
-                            nursery.start_soon(_watchdog)
+                            nursery.start_soon(sdnotify.watchdog)
                             await nursery.start(self.source.run)  # (5)
                             await nursery.start(self.reconciler.run)  # (6)
                             if predecessor is not None:
-                                nursery.start_soon(self._release, predecessor, found)
+                                release = functools.partial(
+                                    release_once_set_up,
+                                    predecessor,
+                                    actual=self.actual,
+                                    found=[volume.name for volume in found],
+                                )
+                                nursery.start_soon(release)
                             log.info("ready root=%s node=%s", root, self.settings.node_name)
-                            _sd_notify(b"READY=1")
+                            sdnotify.notify(sdnotify.READY)
                             task_status.started()
                 finally:
-                    _sd_notify(b"STOPPING=1")
+                    sdnotify.notify(sdnotify.STOPPING)
                     try:
                         if self.handover:
                             lock.mark_handing_over()
@@ -332,7 +294,11 @@ class Agent:
                         self._publisher_scope.cancel()
                         if self.handover and self._launcher is not None:
                             with self._lame_duck:
-                                await self._serve_as_lame_duck(lock)
+                                await be_lame_duck(
+                                    root,
+                                    let_go=lambda: self._let_go(lock),
+                                    hand_over=self._hand_over if self._connection else None,
+                                )
                     finally:  # whatever failed above: the FUSE server must stop, or we never exit
                         fuse_scope.cancel()
                         fuse_nursery.cancel_scope.cancel()
@@ -352,53 +318,12 @@ class Agent:
             with trio.CancelScope(shield=True):
                 await predecessor.release()
 
-    def stop(self, *, handover: bool) -> None:
-        """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
-        serving them as a lame duck until the next agent has stacked its binds)."""
-        self.handover = handover
-        self._active.cancel()
-
-    def end_lame_duck(self) -> None:
-        """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""
-        self._lame_duck.cancel()
-
-    async def _run_publisher(self, *, task_status: trio.TaskStatus[None]) -> None:
-        with self._publisher_scope:
-            await self.publisher.run(task_status=task_status)
-
-    async def _serve_as_lame_duck(self, lock: _AgentLock) -> None:
-        """fusevol.handover: keep answering FUSE for the pod binds until the next agent has
-        stacked its own. Our mountpoint is detached lazily (no abort: the pod binds keep the
-        connection), so the successor mounts afresh at the same place."""
+    def _let_go(self, lock: AgentLock) -> None:
+        """A lame duck's mountpoint is detached: release the lock and the launcher, which exits."""
         assert self._launcher is not None
-        mountpoint = layout.fuse_mountpoint(self.settings.root)
-        async with trio.open_nursery() as nursery:
-            outcome: list[bool] = []
-
-            async def listen(*, task_status: trio.TaskStatus[None]) -> None:
-                path = layout.handover_socket(self.settings.root)
-                outcome.append(
-                    await serve_as_lame_duck(
-                        path,
-                        hand_over=self._hand_over if self._connection is not None else None,
-                        task_status=task_status,
-                    )
-                )
-
-            await nursery.start(listen)
-            if self._connection is None:  # else the successor takes our mount over as it is
-                await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)
-                self._detached = True
-            lock.release()
-            self._launcher.detach()
-            log.info(
-                "lame duck: serving pod volumes until the next agent %s",
-                "takes the connection over" if self._connection else "has stacked its binds",
-            )
-        log.info(
-            "lame duck done: %s",
-            "the next agent took over" if outcome == [True] else "no successor",
-        )
+        self._detached = True
+        lock.release()
+        self._launcher.detach()
 
     async def _hand_over(self) -> list[int]:
         """Stop answering FUSE (what we read but did not answer, the successor gets again) and
@@ -413,26 +338,19 @@ class Agent:
         log.info("handing the FUSE connection over to the next agent")
         return [fuse_fd, self._journal.fd]
 
-    async def _release(self, predecessor: Predecessor, found: list[MountedVolume]) -> None:
-        """Tell the lame duck we hold every volume we found on the node (set up again, or torn
-        down), or that we gave up waiting: it may exit."""
-        names = [volume.name for volume in found]
+    def stop(self, *, handover: bool) -> None:
+        """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
+        serving them as a lame duck until the next agent has stacked its binds)."""
+        self.handover = handover
+        self._active.cancel()
 
-        def uncertain() -> int:
-            return sum(
-                1
-                for name in names
-                if (volume := self.actual.get(name)) is not None
-                and volume.state is MountState.UNCERTAIN
-            )
+    def end_lame_duck(self) -> None:
+        """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""
+        self._lame_duck.cancel()
 
-        with trio.move_on_after(RELEASE_WAIT_S):
-            while uncertain():  # noqa: ASYNC110 - set-ups mark no event; a 10 ms poll is cheap
-                await trio.sleep(0.01)
-        if uncertain():
-            log.warning("releasing the previous agent with %d volumes not set up", uncertain())
-        await predecessor.release()
-        log.info("previous agent released: our binds are stacked on its")
+    async def _run_publisher(self, *, task_status: trio.TaskStatus[None]) -> None:
+        with self._publisher_scope:
+            await self.publisher.run(task_status=task_status)
 
     async def _serve_fuse(
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
@@ -478,8 +396,7 @@ def _fuse_state(
     restored = snapshot.restore(state_fd)
     if restored.init_request is None:
         raise FusevolError("the FUSE state handed over has no INIT request")
-    stats = restored.tree.statistics()
-    log.info("taking the FUSE connection over inodes=%d", stats.nodes)
+    log.info("taking the FUSE connection over inodes=%d", restored.tree.statistics().nodes)
     return restored.tree, restored.journal, Connection(fuse_fd, restored.init_request)
 
 
@@ -518,7 +435,7 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
     remove the pod directories, detach a dead FUSE mount, and let a lame duck go. Refused while
     an agent runs. Returns the number of mounts removed."""
     backend = LinuxMountBackend(command_timeout_s=command_timeout_s)
-    lock = await _AgentLock.acquire(layout.agent_dir(root) / "lock", backend, root)
+    lock = await AgentLock.acquire(root, backend)
     try:
         predecessor = await find_predecessor(layout.handover_socket(root))
         removed = await unmount_all_below(backend, layout.pods_dir(root))
@@ -529,110 +446,3 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
         return removed
     finally:
         lock.release()
-
-
-class _AgentLock:
-    """An exclusive lock on `<root>/fusevol/lock` (our pid written in it): exactly one agent
-    reconciles a root at a time. A lame duck has released it (fusevol.handover).
-
-    A predecessor that was killed may still hold it for a moment while it dies; one stuck on a
-    request to its own FUSE mount would hold it forever, so its connection is aborted (which
-    frees it) and the lock waited for, up to LOCK_WAIT_S, as it is for an agent that is handing
-    over (`mark_handing_over`). A live agent is refused at once."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd: int | None = fd
-
-    @classmethod
-    async def acquire(cls, path: Path, backend: LinuxMountBackend, root: Path) -> _AgentLock:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            deadline = time.monotonic() + LOCK_WAIT_S
-            while True:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                    break
-                except BlockingIOError:
-                    holder, handing_over = _read_holder(fd)
-                    waiting = handing_over or _is_dying(holder)
-                    if not waiting or time.monotonic() > deadline:
-                        raise AgentAlreadyRunning(
-                            f"another fusevol agent is using {path}"
-                            + (f" (pid {holder})" if holder else "")
-                        ) from None
-                    log.info("waiting for the previous agent to let go pid=%s", holder)
-                    if not handing_over:  # killed: free it if it is stuck on its own mount
-                        await backend.unmount(layout.fuse_mountpoint(root), force=True)
-                    await trio.sleep(0.05)
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        except BaseException:
-            os.close(fd)
-            raise
-        return cls(fd)
-
-    def mark_handing_over(self) -> None:
-        """Say in the lock file that we are letting go: a successor started meanwhile waits for
-        the lock instead of being refused."""
-        if self._fd is not None:
-            os.pwrite(self._fd, f"{os.getpid()} {HANDING_OVER}\n".encode(), 0)
-
-    def release(self) -> None:
-        """Release the lock (idempotent)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-
-def _read_holder(fd: int) -> tuple[int | None, bool]:
-    """(the lock holder's pid, whether it is handing over) from the lock file."""
-    pid, _, state = os.pread(fd, 64, 0).decode(errors="replace").strip().partition(" ")
-    return (int(pid) if pid.isdigit() else None), state == HANDING_OVER
-
-
-def _is_dying(pid: int | None) -> bool:
-    """True if process `pid` is gone, a zombie, or has SIGKILL pending (/proc/PID/status)."""
-    if pid is None:
-        return False
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            fields = dict(line.split(":\t", 1) for line in f if ":\t" in line)
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    if fields.get("State", "").startswith(("Z", "X")):
-        return True
-    sigkill = 1 << (signal.SIGKILL - 1)
-    return any(int(fields.get(k, "0"), 16) & sigkill for k in ("SigPnd", "ShdPnd"))
-
-
-_OPERATION_NAMES = {"unmount": "volume_unmount", "provision": "provision", "reclaim": "delete"}
-"""fusevol's operations by the names kubelet and the PV controller give theirs in
-`storage_operation_duration_seconds` (every other operation is a `volume_mount`)."""
-
-
-def _plugin_of(name: str) -> str:
-    """`kubernetes.io/configmap/<uid>-<name>` -> `kubernetes.io/configmap`."""
-    return name.rsplit("/", 1)[0]
-
-
-async def _watchdog() -> None:
-    """Tell systemd we are alive at half its WatchdogSec, from the trio loop: a loop that froze
-    stops the pings, and systemd restarts the agent. No-op outside such a unit."""
-    usec = os.environ.get("WATCHDOG_USEC")
-    if not usec or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
-        return
-    while True:
-        _sd_notify(b"WATCHDOG=1")
-        await trio.sleep(int(usec) / 2e6)
-
-
-def _sd_notify(message: bytes) -> None:
-    """Tell systemd (Type=notify) about our state; no-op outside systemd."""
-    address = os.environ.get("NOTIFY_SOCKET")
-    if not address:
-        return
-    if address.startswith("@"):
-        address = "\0" + address[1:]
-    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
-        sock.sendto(message, address)

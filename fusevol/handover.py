@@ -39,9 +39,15 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol import layout
+from fusevol.cache.actual import MountState
+
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterable
     from pathlib import Path
+
+    from fusevol.cache.actual import ActualState
+    from fusevol.model import UniqueVolumeName
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +55,69 @@ STACKED = b"stacked\n"
 TAKE_OVER = b"take-over\n"
 LAME_DUCK_S = 60.0
 """How long a lame duck waits for a successor to stack its binds before it exits anyway."""
+LINGER_S = 1.0
+"""How long a released lame duck still answers: a reader that resolved a path on an old bind just
+before the new one was stacked on it still reaches us (seen under load: 1 failed read in 71)."""
+RELEASE_WAIT_S = 30.0
+"""How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
+
+
+async def be_lame_duck(
+    root: Path,
+    *,
+    let_go: Callable[[], None],
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+) -> bool:
+    """A launched agent's handing-over stop, once it has stopped reconciling: keep answering
+    FUSE (the caller's server goes on) for the pod binds until the next agent has taken our
+    connection over, or stacked its own binds. Returns True if a successor did, False after
+    LAME_DUCK_S without one.
+
+    (1) listen on the hand-over socket; (2) unless we can be taken over (`hand_over`: stops our
+    FUSE server and returns the descriptors for the successor), detach our FUSE mountpoint lazily
+    (no abort: the pod binds keep the connection), so the successor mounts afresh at the same
+    place; (3) `let_go()`: the caller releases the agent lock and its launcher, which exits; (4)
+    wait, and after a stacking successor answer LINGER_S more for the readers already on their
+    way to an old bind."""
+    taken_over: list[bool] = []
+
+    async def give() -> list[int]:
+        assert hand_over is not None
+        taken_over.append(True)
+        return await hand_over()
+
+    async with trio.open_nursery() as nursery:
+        outcome: list[bool] = []
+
+        async def listen(*, task_status: trio.TaskStatus[None]) -> None:
+            path = layout.handover_socket(root)
+            outcome.append(
+                await serve_as_lame_duck(
+                    path, hand_over=give if hand_over else None, task_status=task_status
+                )
+            )
+
+        await nursery.start(listen)  # (1)
+        if hand_over is None:
+            mountpoint = layout.fuse_mountpoint(root)
+            await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)  # (2)
+        let_go()  # (3)
+        log.info(
+            "lame duck: serving pod volumes until the next agent %s",
+            "takes the connection over" if hand_over else "has stacked its binds",
+        )
+    stacked = outcome == [True]  # (4)
+    if stacked and not taken_over:
+        await trio.sleep(LINGER_S)
+    log.info(
+        "lame duck done: %s",
+        "the next agent took the connection over"
+        if taken_over
+        else "the next agent has stacked its binds"
+        if stacked
+        else "no successor",
+    )
+    return stacked
 
 
 async def serve_as_lame_duck(
@@ -111,6 +180,29 @@ class Predecessor:
             return
         with self._sock, contextlib.suppress(OSError):
             await self._sock.send(STACKED)
+
+
+async def release_once_set_up(
+    predecessor: Predecessor, *, actual: ActualState, found: Iterable[UniqueVolumeName]
+) -> None:
+    """Tell the lame duck we hold every volume we `found` on the node (set up again, or torn
+    down), or that we gave up waiting after RELEASE_WAIT_S: it may exit."""
+    names = list(found)
+
+    def uncertain() -> int:
+        return sum(
+            1
+            for name in names
+            if (volume := actual.get(name)) is not None and volume.state is MountState.UNCERTAIN
+        )
+
+    with trio.move_on_after(RELEASE_WAIT_S):
+        while uncertain():  # noqa: ASYNC110 - set-ups mark no event; a 10 ms poll is cheap
+            await trio.sleep(0.01)
+    if uncertain():
+        log.warning("releasing the previous agent with %d volumes not set up", uncertain())
+    await predecessor.release()
+    log.info("previous agent released: our binds are stacked on its")
 
 
 async def find_predecessor(path: Path) -> Predecessor | None:

@@ -126,6 +126,11 @@ def agent_dir(root: Path) -> Path:
     return root / "fusevol"
 
 
+def lock_file(root: Path) -> Path:
+    """The agent lock (`fusevol.lock`): an flock, and the holder's pid."""
+    return agent_dir(root) / "lock"
+
+
 def fuse_mountpoint(root: Path) -> Path:
     return agent_dir(root) / "mnt"
 

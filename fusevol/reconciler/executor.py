@@ -66,15 +66,15 @@ class Executor:
         *,
         initial_backoff_s: float,
         max_backoff_s: float,
-        on_done: Callable[[], None],
         on_finished: Callable[[UniqueVolumeName, str, float, bool], None] = lambda *_: None,
     ) -> None:
-        """`on_done()` after every operation; `on_finished(name, operation, seconds, ok)` too,
-        for metrics."""
+        """`on_finished(name, operation, seconds, ok)` after every operation, for metrics; the
+        reconciler waits for operations to end with `wait_finished`."""
         self._on_finished = on_finished
         self._initial_backoff_s = initial_backoff_s
         self._max_backoff_s = max_backoff_s
-        self._on_done = on_done
+        self._finished = 0
+        self._finished_event = trio.Event()
         self._status: dict[UniqueVolumeName, VolumeOperationStatus] = {}
         self._nursery: trio.Nursery | None = None
         self._started = 0
@@ -118,6 +118,16 @@ class Executor:
 
     def status(self, name: UniqueVolumeName) -> VolumeOperationStatus | None:
         return self._status.get(name)
+
+    @property
+    def finished(self) -> int:
+        """How many operations have ended, successfully or not."""
+        return self._finished
+
+    async def wait_finished(self, since: int) -> None:
+        """Return once more than `since` operations have ended (at once if they already have)."""
+        while self._finished <= since:
+            await self._finished_event.wait()
 
     def is_pending(self, name: UniqueVolumeName) -> bool:
         status = self._status.get(name)
@@ -167,7 +177,9 @@ class Executor:
                 self._status.pop(name, None)
         finally:
             status.pending = False
-            self._on_done()
+            self._finished += 1
+            self._finished_event.set()
+            self._finished_event = trio.Event()
 
     def _record_failure(
         self,

@@ -1,9 +1,9 @@
 """The reconciler: drive the node's actual state towards the desired state, forever.
 
-It wakes on every change of the object store, when an operation ends, when a backoff expires, and
-at least every `resync_interval_s`. Each pass runs the populator, then `reconcile()`, which reads
-as kubelet's three steps, in this order so that a volume moving between pods is released first,
-between the two steps of the node's provisioner (with a `HostPathProvisioner` only):
+It wakes on every change of the object store, when an operation ends (`Executor.wait_finished`),
+when a backoff expires, and at least every `resync_interval_s`. Each pass runs the populator, then
+`reconcile()`, which reads as kubelet's three steps, in this order so that a volume moving between
+pods is released first, between the two steps of the provisioner (`HostPathProvisioner` only):
 
     (0) provision         claims a pod here waits for, of a class this node provisions
     (1) unmount_orphans   volumes set up on the node that no pod wants any more
@@ -87,6 +87,8 @@ class Reconciler:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._follow_store)
+            # Counted now: an operation the first pass starts may end before the task runs.
+            nursery.start_soon(self._follow_executor, self._executor.finished)
             task_status.started()
             while True:
                 self._wakeup = trio.Event()
@@ -114,7 +116,7 @@ class Reconciler:
             return
         for request in self._populator.claims_to_provision():
             claim = request.claim
-            # `<provisioner>/<namespace>.<claim>`: one slash, as `_plugin_of` (metrics) expects;
+            # `<provisioner>/<namespace>.<claim>`: one slash, as `agent_metrics.plugin_of` expects;
             # namespaces have no dots, so the name is unique.
             name = UniqueVolumeName(f"{PROVISIONER}/{claim.namespace}.{claim.name}")
             run = functools.partial(self._provisioner.provision, request)
@@ -228,6 +230,13 @@ class Reconciler:
         while True:
             await self._store.wait_changed(generation)
             generation = self._store.generation
+            self.kick()
+
+    async def _follow_executor(self, finished: int) -> None:
+        """A pass after every operation that ends: its volume may need the next step."""
+        while True:
+            await self._executor.wait_finished(finished)
+            finished = self._executor.finished
             self.kick()
 
 

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     import pathlib
     from collections.abc import Iterable
 
+    from fusevol.cache.desired import VolumeToServe
     from fusevol.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,10 @@ class ManifestSource:
                     await self._rescan()
                 elif names and watch.watching:
                     await self._reload(names)
+
+    def volume_failed(self, volume: VolumeToServe, error: str) -> None:
+        """Nothing to record: a manifest directory has no events (the executor logs the error
+        and `fusevol status` shows it)."""
 
     def statistics(self) -> ManifestSourceStatistics:
         return ManifestSourceStatistics(

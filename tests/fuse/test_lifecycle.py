@@ -60,7 +60,7 @@ def test_sigterm_hands_over_and_the_next_agent_takes_the_connection_over(
         assert len(os.listdir(secret)) == 3  # ..data, ..<version>, token
         with running_agent(manifests, root) as second:
             first.wait_agent_gone(10)
-            assert "lame duck done: the next agent took over" in first.log_text()
+            assert "lame duck done: the next agent took the connection over" in first.log_text()
             assert "FUSE taken over" in second.log_text()
             assert sorted(mounts_below(root)) == mounts
             assert (volume / "a").read_text() == "1"

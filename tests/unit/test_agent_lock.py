@@ -1,4 +1,4 @@
-"""The agent lock (`fusevol.app._AgentLock`): exactly one agent per root, and a successor waits
+"""The agent lock (`fusevol.lock.AgentLock`): exactly one agent per root, and a successor waits
 for an agent that is handing over instead of being refused."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.app import AgentAlreadyRunning, _AgentLock
+from fusevol.lock import AgentAlreadyRunning, AgentLock
 from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ async def test_a_live_agent_is_refused_at_once(tmp_path: Path) -> None:
     try:
         backend = LinuxMountBackend(command_timeout_s=5, systemd_run=False)
         with pytest.raises(AgentAlreadyRunning, match=f"pid {os.getpid()}"):
-            await _AgentLock.acquire(path, backend, tmp_path)
+            await AgentLock.acquire(tmp_path, backend)
     finally:
         os.close(fd)
 
@@ -45,7 +45,7 @@ async def test_an_agent_handing_over_is_waited_for(tmp_path: Path) -> None:
     timer.start()
     try:
         backend = LinuxMountBackend(command_timeout_s=5, systemd_run=False)
-        lock = await _AgentLock.acquire(path, backend, tmp_path)
+        lock = await AgentLock.acquire(tmp_path, backend)
         assert path.read_text() == f"{os.getpid()}\n"
         lock.mark_handing_over()
         assert path.read_text() == f"{os.getpid()} handing-over\n"

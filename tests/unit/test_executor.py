@@ -49,25 +49,10 @@ class Blocking:
         await self.release.wait()
 
 
-@dataclass
-class Done:
-    calls: int = 0
-
-    def __call__(self) -> None:
-        self.calls += 1
-
-
 @pytest.fixture
-def done() -> Done:
-    return Done()
-
-
-@pytest.fixture
-def start_executor(nursery: trio.Nursery, done: Done) -> Callable[..., Awaitable[Executor]]:
+def start_executor(nursery: trio.Nursery) -> Callable[..., Awaitable[Executor]]:
     async def start(initial_backoff_s: float = 0.5, max_backoff_s: float = 4.0) -> Executor:
-        executor = Executor(
-            initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s, on_done=done
-        )
+        executor = Executor(initial_backoff_s=initial_backoff_s, max_backoff_s=max_backoff_s)
         await nursery.start(executor.run)
         return executor
 
@@ -109,7 +94,7 @@ async def run_once(
 
 @pytest.mark.parametrize("second", ["mount", "refresh", "unmount"])
 async def test_second_operation_on_a_pending_volume_is_already_pending(
-    autojump_clock: trio.testing.MockClock, executor: Executor, done: Done, second: str
+    autojump_clock: trio.testing.MockClock, executor: Executor, second: str
 ) -> None:
     blocking = Blocking()
     await run_once(executor, blocking)
@@ -117,12 +102,12 @@ async def test_second_operation_on_a_pending_volume_is_already_pending(
         executor.start(NAME, second, Operation(), inputs="v2")
     assert executor.is_pending(NAME)
     assert executor.statistics().pending == 1
-    assert done.calls == 0
+    assert executor.finished == 0
 
     blocking.release.set()
     await trio.testing.wait_all_tasks_blocked()
     assert not executor.is_pending(NAME)
-    assert done.calls == 1
+    assert executor.finished == 1
     assert executor.statistics().started == 1
 
 
@@ -290,7 +275,6 @@ async def test_success_resets_the_failures(
 async def test_status_after_a_failure(
     autojump_clock: trio.testing.MockClock,
     executor: Executor,
-    done: Done,
     logs: pytest.LogCaptureFixture,
     error: Exception,
     last_error: str,
@@ -303,7 +287,7 @@ async def test_status_after_a_failure(
     assert (status.operation, status.pending, status.failures) == ("refresh", False, 1)
     assert (status.last_error, status.retry_at) == (last_error, 0.5)
     assert executor.statistics().failed == 1
-    assert done.calls == 1
+    assert executor.finished == 1
     [record] = [r for r in logs.records if r.name == LOGGER]
     assert (record.levelname, record.exc_info is not None) == ("ERROR", traceback)
     assert f"volume={NAME}" in record.getMessage()
@@ -320,16 +304,21 @@ async def test_status_while_pending(
     assert (status.operation, status.pending, status.failures) == ("unmount", True, 0)
 
 
-async def test_on_done_after_success_and_failure(
+async def test_finished_counts_success_and_failure(
     autojump_clock: trio.testing.MockClock,
     executor: Executor,
-    done: Done,
     logs: pytest.LogCaptureFixture,
 ) -> None:
     await run_once(executor, Operation(error=None))
-    assert done.calls == 1
+    assert executor.finished == 1
     await run_once(executor, Operation(), name=OTHER)
-    assert done.calls == 2
+    assert executor.finished == 2
+    with trio.move_on_after(1) as waited:
+        await executor.wait_finished(1)  # already past: returns at once
+    assert not waited.cancelled_caught
+    with trio.move_on_after(1) as waited:
+        await executor.wait_finished(2)  # no operation ends any more
+    assert waited.cancelled_caught
     assert levels(logs) == ["ERROR"]
 
 

@@ -186,7 +186,6 @@ class World:
         self.executor = RecordingExecutor(
             initial_backoff_s=SETTINGS.initial_backoff_s,
             max_backoff_s=SETTINGS.max_backoff_s,
-            on_done=lambda: self.reconciler.kick(),
         )
         self.reconciler = Reconciler(
             store=self.store,

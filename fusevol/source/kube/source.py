@@ -68,6 +68,7 @@ from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from fusevol.cache.desired import VolumeToServe
     from fusevol.cache.store import ObjectStore
     from fusevol.settings import KubeSettings
     from fusevol.source.kube.client import KubeClient, Obj
@@ -175,6 +176,10 @@ class KubeSource:
                 while True:  # (5)
                     await trio.sleep(self._settings.sync_period_s)
                     await self._objects.sync()
+
+    def volume_failed(self, volume: VolumeToServe, error: str) -> None:
+        """kubelet's FailedMount event on the volume's pod (rate-limited, never blocks)."""
+        self.events.failed_mount(volume.pod, volume.spec_name, error)
 
     def statistics(self) -> KubeSourceStatistics:
         stats = self._pod_reflector.stats if self._pod_reflector is not None else None

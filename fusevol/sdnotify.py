@@ -1,0 +1,39 @@
+"""systemd's notify protocol (Type=notify): readiness, stopping, and the watchdog's pings.
+
+Every call is a no-op outside such a unit ($NOTIFY_SOCKET unset). The unit sets
+NotifyAccess=all because the agent is the launcher's child (fusevol.launcher), and the launcher
+takes $WATCHDOG_PID out of the child's environment so that the child's pings count.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import trio
+
+READY = b"READY=1"
+STOPPING = b"STOPPING=1"
+WATCHDOG = b"WATCHDOG=1"
+
+
+def notify(message: bytes) -> None:
+    """Send `message` to systemd; no-op outside systemd."""
+    address = os.environ.get("NOTIFY_SOCKET")
+    if not address:
+        return
+    if address.startswith("@"):
+        address = "\0" + address[1:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+        sock.sendto(message, address)
+
+
+async def watchdog() -> None:
+    """Tell systemd we are alive at half its WatchdogSec, from the trio loop: a loop that froze
+    stops the pings, and systemd restarts the agent. Returns at once outside such a unit."""
+    usec = os.environ.get("WATCHDOG_USEC")
+    if not usec or os.environ.get("WATCHDOG_PID", str(os.getpid())) != str(os.getpid()):
+        return
+    while True:
+        notify(WATCHDOG)
+        await trio.sleep(int(usec) / 2e6)
