@@ -47,8 +47,7 @@ from fusevol.errors import FusevolError
 from fusevol.fuse import snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
-from fusevol.fuse.session import Connection, can_take_over, serve
-from fusevol.fuse.tree import Tree
+from fusevol.fuse.session import Connection, serve
 from fusevol.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
 from fusevol.launcher import Launcher
 from fusevol.lock import AgentLock
@@ -147,7 +146,9 @@ class Agent:
         self.store = ObjectStore()
         self.desired = DesiredState()
         self.actual = ActualState()
-        self.tree, self._journal, self._take_over = _fuse_state(launcher)
+        self.tree, self._journal, self._take_over = snapshot.fuse_state(
+            None if launcher is None else launcher.take_over, launched=launcher is not None
+        )
         self.publisher = Publisher(
             self.tree,
             mountpoint=layout.fuse_mountpoint(root),
@@ -380,24 +381,6 @@ class Agent:
         self._launcher.hold(connection.fd, self._journal.fd)
         self._connection = connection
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
-
-
-def _fuse_state(
-    launcher: Launcher | None,
-) -> tuple[Tree, snapshot.Journal | None, Connection | None]:
-    """The FUSE tree, the journal of its state kept for a successor (launched agents only), and
-    the connection to take over if the launcher restarted us after a crash."""
-    if launcher is None or not can_take_over():
-        return Tree(), None, None
-    if launcher.take_over is None:
-        tree = Tree()
-        return tree, snapshot.Journal.create(tree), None
-    fuse_fd, state_fd = launcher.take_over
-    restored = snapshot.restore(state_fd)
-    if restored.init_request is None:
-        raise FusevolError("the FUSE state handed over has no INIT request")
-    log.info("taking the FUSE connection over inodes=%d", restored.tree.statistics().nodes)
-    return restored.tree, restored.journal, Connection(fuse_fd, restored.init_request)
 
 
 async def run_until_signalled(settings: Settings) -> None:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import logging
 import os
 import pickle
 import stat
@@ -34,10 +35,14 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fusevol.errors import FusevolError
+from fusevol.fuse.session import Connection, can_take_over
 from fusevol.fuse.tree import Node, Tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"FUSEVOL\x01"
 _HEADER = struct.Struct("<8sQQQQ")  # magic, init offset, init length, base offset, base length
@@ -139,6 +144,25 @@ class Journal:
         self._journal_bytes += _LENGTH.size + len(body)
         if body[:1] != b"L" and self._journal_bytes > 4 * self._base_length + (1 << 20):
             self.compact()
+
+
+def fuse_state(
+    take_over: tuple[int, int] | None, *, launched: bool
+) -> tuple[Tree, Journal | None, Connection | None]:
+    """An agent's FUSE tree, the journal of its state kept for a successor (launched agents with
+    the patched pyfuse3 only), and the connection to take over: `take_over`, the (fuse fd, state
+    fd) its launcher handed it after a crash or an upgrade-restart (`fusevol.launcher`)."""
+    if not launched or not can_take_over():
+        return Tree(), None, None
+    if take_over is None:
+        tree = Tree()
+        return tree, Journal.create(tree), None
+    fuse_fd, state_fd = take_over
+    restored = restore(state_fd)
+    if restored.init_request is None:
+        raise FusevolError("the FUSE state handed over has no INIT request")
+    log.info("taking the FUSE connection over inodes=%d", restored.tree.statistics().nodes)
+    return restored.tree, restored.journal, Connection(fuse_fd, restored.init_request)
 
 
 def restore(fd: int) -> Restored:
