@@ -49,7 +49,7 @@ from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, serve
 from fusevol.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
-from fusevol.launcher import Launcher
+from fusevol.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.lock import AgentLock
 from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
@@ -379,6 +379,8 @@ class Agent:
             return
         self._journal.write_init(connection.init_request)
         self._launcher.hold(connection.fd, self._journal.fd)
+        sdnotify.store_fds(FDNAME_FUSE, [connection.fd])  # under systemd: a kill -9 of the whole
+        sdnotify.store_fds(FDNAME_STATE, [self._journal.fd])  # service keeps them too
         self._connection = connection
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
 

@@ -20,8 +20,11 @@ process to exit; the launcher is that process.
   with its status. The child has a process group of its own, so a terminal's Ctrl-C reaches it
   once.
 - SIGKILL of the launcher (a crash): the child asked for SIGKILL at its parent's death
-  (PR_SET_PDEATHSIG), so the whole agent dies as before, and the connection with it; it drops
-  that request only when it becomes a lame duck.
+  (PR_SET_PDEATHSIG), so the whole agent dies as before, and the connection with it, unless
+  systemd keeps it: the agent also puts both descriptors in the unit's file descriptor store
+  (`fusevol.sdnotify.store_fds`, names `FDNAME_FUSE`, `FDNAME_STATE`), and systemd hands them to
+  the next start (`$LISTEN_FDS`), whose first child takes them over. The child drops its
+  SIGKILL request only when it becomes a lame duck.
 - The child's exit (an error, a refused lock): the launcher exits with its status.
 
 It runs nothing of the agent (no trio loop, no threads), but `fusevol.cli` has imported the
@@ -49,6 +52,9 @@ LAUNCHER_FD_ENV = "FUSEVOL_LAUNCHER_FD"
 or sends `CONNECTION` with its descriptors."""
 TAKE_OVER_ENV = "FUSEVOL_TAKE_OVER"
 """`<fuse fd>,<state fd>`: the connection a restarted child takes over (descriptors it inherits)."""
+FDNAME_FUSE = "fusevol-fuse"
+FDNAME_STATE = "fusevol-state"
+"""Names of the two descriptors in systemd's file descriptor store."""
 LAME_DUCK = b"L"
 TAKE_OVER = b"take-over\n"
 """What the next launcher sends a lame duck to take its connection over (`fusevol.handover`)."""
@@ -127,14 +133,19 @@ def launch(handover_socket: Path | None = None) -> int | None:
     and the exit status for `fusevol run` in the launcher, once it may exit.
 
     A lame duck listening at `handover_socket` (an upgrade-restart) is asked for its connection
-    first, which the first child then takes over as after a crash.
+    first (a lame duck still serving must stop before anyone else serves); else the connection
+    systemd kept in its file descriptor store, if any (`$LISTEN_FDS`). The first child then takes
+    it over as after a crash.
 
     A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
     launcher has parsed the arguments and imported the agent, but started nothing of it."""
     held = _Held()
     if handover_socket is not None and (fds := take_over_from(handover_socket)) is not None:
         held.replace(list(fds))
-        held.fresh = False  # until our first child has taken it over
+        _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
+    else:
+        held.replace(_listen_fds())
+    held.fresh = False  # until our first child has taken it over
     stopping = False
     failed_restarts = 0
     child = 0
@@ -189,6 +200,28 @@ def take_over_from(path: Path, *, timeout_s: float = 10.0) -> tuple[int, int] | 
             os.close(fd)
         return None
     return fds[0], fds[1]
+
+
+def _listen_fds() -> list[int]:
+    """(fuse fd, state fd) from systemd's file descriptor store, given to this process at start
+    (sd_listen_fds_with_names: `$LISTEN_PID`, `$LISTEN_FDS` from fd 3, `$LISTEN_FDNAMES`), or []."""
+    pid = os.environ.pop("LISTEN_PID", "")
+    count = os.environ.pop("LISTEN_FDS", "")
+    names = os.environ.pop("LISTEN_FDNAMES", "").split(":")
+    if pid != str(os.getpid()) or not count.isdigit():
+        return []
+    named = dict(zip(names, range(3, 3 + int(count)), strict=False))
+    for fd in range(3, 3 + int(count)):
+        os.set_inheritable(fd, False)  # for our children only through FUSEVOL_TAKE_OVER
+    wanted = [named.get(FDNAME_FUSE), named.get(FDNAME_STATE)]
+    _close_all([fd for fd in range(3, 3 + int(count)) if fd not in wanted])
+    return [fd for fd in wanted if fd is not None] if None not in wanted else []
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def _fork(theirs: socket.socket, held: tuple[int, int] | None) -> int:

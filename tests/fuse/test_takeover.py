@@ -8,9 +8,11 @@ and answered, keeps their reads working.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,7 +21,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fusevol.fuse.session import can_take_over
-from tests.agent import AgentProcess, mounts_below, pid_alive, running_agent, wait_for
+from fusevol.launcher import FDNAME_FUSE, FDNAME_STATE
+from tests.agent import NODE, AgentProcess, mounts_below, pid_alive, running_agent, wait_for
 from tests.fuse.conftest import POD_UID, configmap
 
 if TYPE_CHECKING:
@@ -177,3 +180,115 @@ def test_upgrade_restart_hands_the_connection_over(manifests: Path, tmp_path: Pa
         f" old agent gone after {gone_after:.2f} s"
     )
     assert "handing the FUSE connection over" in first.log_text()
+
+
+class FdStore:
+    """systemd's side of the notify protocol, as far as the file descriptor store goes: a
+    datagram socket at $NOTIFY_SOCKET keeping the descriptors sent with `FDSTORE=1` by
+    `FDNAME=` (the last of each name), and a start that hands them over as systemd does
+    (`$LISTEN_PID`, `$LISTEN_FDS` from fd 3, `$LISTEN_FDNAMES`). PID 1 here is not systemd."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(20)
+        self.fds: dict[str, int] = {}
+
+    def receive(self, *names: str) -> None:
+        while not set(names) <= set(self.fds):
+            message, fds, _, _ = socket.recv_fds(self.sock, 4096, 8)
+            fields = dict(
+                line.split("=", 1) for line in message.decode().splitlines() if "=" in line
+            )
+            if fields.get("FDSTORE") == "1" and fds:
+                name = fields.get("FDNAME", "stored")
+                if name in self.fds:
+                    os.close(self.fds[name])
+                self.fds[name] = os.dup(fds[0])
+            for fd in fds:
+                os.close(fd)
+
+    def start(self, agent: AgentProcess) -> subprocess.Popen[bytes]:
+        """`fusevol run` for `agent`, given the stored descriptors as systemd gives them."""
+        names = list(self.fds)
+        high = [fcntl.fcntl(self.fds[name], fcntl.F_DUPFD, 100) for name in names]
+
+        def place() -> None:
+            for number, fd in enumerate(high, start=3):
+                os.dup2(fd, number)
+
+        env = {
+            **os.environ,
+            "LISTEN_FDS": str(len(names)),
+            "LISTEN_FDNAMES": ":".join(names),
+            "NOTIFY_SOCKET": str(self.path),
+        }
+        argv = ["sh", "-c", 'LISTEN_PID=$$ exec "$0" "$@"', sys.executable, "-m", "fusevol"]
+        argv += ["run", "--manifests", str(agent.manifests), "--root", str(agent.root)]
+        argv += ["--node-name", NODE, "--log-level", "debug", "--http-port", "0"]
+        with open(agent.log_path, "ab") as log:
+            process = subprocess.Popen(  # preexec_fn: two dup2 calls, nothing else
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                pass_fds=tuple(range(3, 3 + len(names))),
+                preexec_fn=place,
+            )
+        for fd in high:
+            os.close(fd)
+        return process
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+        self.sock.close()
+
+
+def test_systemd_fd_store_keeps_the_connection_through_kill_9_of_everything(
+    manifests: Path, tmp_path: Path
+) -> None:
+    """Under systemd the agent also stores its connection in the unit's file descriptor store:
+    kill -9 of `fusevol run` and of its agent (the whole service) then fails no read either; the
+    next start takes the connection over from `$LISTEN_FDS`."""
+    root = tmp_path / "root"
+    store = FdStore(tmp_path / "notify")
+    env = {"NOTIFY_SOCKET": str(store.path)}
+    try:
+        with running_agent(manifests, root, env=env) as agent:
+            agent.wait_state(POD_UID, "config", "mounted")
+            store.receive(FDNAME_FUSE, FDNAME_STATE)
+            reader = Reader(agent.volume(POD_UID, "configmap", "config"), tmp_path / "reads")
+            try:
+                assert agent.process is not None
+                killed = time.monotonic()
+                agent.process.kill()  # the launcher, then its agent: nobody of ours holds it
+                os.kill(agent.pid, signal.SIGKILL)
+                agent.process.wait(timeout=10)
+                agent.wait_agent_gone(10)
+                time.sleep(0.5)  # systemd's RestartSec, shortened: readers wait meanwhile
+                offset = len(agent.log_text())
+                agent.process = store.start(agent)
+                wait_for(lambda: "FUSE taken over" in agent.log_text()[offset:], timeout_s=20)
+                wait_for(lambda: " ready " in agent.log_text()[offset:], timeout_s=20)
+                launcher = agent.process.pid
+                agent.pid = wait_for(lambda: children(launcher), timeout_s=10)[0]
+                before = len(reader.records())
+                wait_for(lambda: len(reader.records()) > before + 10, timeout_s=20)
+                (manifests / "configmap.yaml").write_text(configmap(a="edited"))
+                wait_for(lambda: reader.records()[-1][3:4] == ["edited"], timeout_s=10)
+            finally:
+                records = reader.stop()
+            agent.stop()
+    finally:
+        store.close()
+    failed = [r for r in records if r[2] != "ok"]
+    assert failed == [], failed[:5]
+    around = [r for r in records if float(r[1]) >= killed]  # type: ignore[arg-type]
+    pause = max(float(r[1]) - float(r[0]) for r in around)  # type: ignore[arg-type]
+    print(
+        f"kill -9 of the whole service, fd store: {len(records)} reads, 0 failed,"
+        f" longest read {pause:.2f} s (0.5 s of it the restart delay)"
+    )
