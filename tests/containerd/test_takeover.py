@@ -103,17 +103,19 @@ def test_plain_binds_read_through_every_takeover(
     manifests.mkdir()
     write_healthy(manifests)
     (manifests / "app.yaml").write_text(configmap("v0"))
-    out = tmp_path / "out"
-    out.mkdir()
-    out.chmod(0o777)
+    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
+    for directory in (out, slave_out):
+        directory.mkdir()
+        directory.chmod(0o777)
     agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
     agents = [agent]
     try:
         agent.wait_state(HEALTHY_UID, "config", "mounted")
         wait_for(lambda: "held by the launcher" in agent.log_text())
         volume = agent.volume(HEALTHY_UID, "configmap", "config")
-        clock = LineClock(out / "reads")
-        (out / "reads").chmod(0o666)  # the reader is uid 1000
+        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+        for reads in (out / "reads", slave_out / "reads"):
+            reads.chmod(0o666)  # the readers are uid 1000
         reader = containerd.run(
             "plain",
             rootfs,
@@ -121,22 +123,21 @@ def test_plain_binds_read_through_every_takeover(
             bind(out, "/out", "rw"),
             command=("sleep", "100000"),
         )
-        containerd.ctr(
-            "task",
-            "exec",
-            "--detach",
-            "--exec-id",
-            "reader",
-            "--user",
-            "1000",
-            reader,
-            "sh",
-            "-c",
-            READ_LOOP,
+        # The same reader behind an rslave bind (HostToContainer): the takeover serves both alike.
+        slave = containerd.run(
+            "slave",
+            rootfs,
+            bind(volume, "/etc/config", "ro", "rslave"),
+            bind(slave_out, "/out", "rw"),
+            command=("sleep", "100000"),
         )
+        for name in (reader, slave):
+            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
+            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
         figures = []
         try:
             clock.wait_for("ok v0 v0", after=0)
+            slave_clock.wait_for("ok v0 v0", after=0)
 
             # 1. kill -9 of the agent proper, three times; then an edit.
             pauses = []
@@ -203,12 +204,19 @@ def test_plain_binds_read_through_every_takeover(
             )
         finally:
             clock.close()
+            slave_clock.close()
             containerd.remove(reader)
+            containerd.remove(slave)
+        figures.append(
+            f"the same through an rslave bind: {_failed(slave_clock)} failed reads,"
+            f" {_mixed(slave_clock)} mixed versions"
+        )
         for line in figures:
             report(line)
         errors = (out / "errors").read_text() if (out / "errors").exists() else ""
         assert _failed(clock) == 0, (figures, errors[:500])
         assert _mixed(clock) == 0, figures
+        assert (_failed(slave_clock), _mixed(slave_clock)) == (0, 0), figures
         agent.stop()
     finally:
         for each in agents:
