@@ -2,9 +2,10 @@
 
 The kernel holds node ids (inode numbers) and file handles (also inode numbers, `fusevol.fuse.ops`)
 that the agent handed out; a successor that answers the same connection must answer for the same
-numbers with the same content (FUSE.md fact 10). So every change of what the kernel may know is
-written here before its reply leaves: the agent's structural operations (mkdir of a staged
-subtree, symlink, rename, unlink, rmdir) and the lookup counts (lookup, readdirplus, forget). The
+numbers with the same content, or a file opened before fails after. So every change the kernel
+may know of is written here before its reply leaves: the agent's structural operations (mkdir of a
+staged subtree, symlink, rename, unlink, rmdir) and the lookup counts (lookup, readdirplus,
+forget). The
 memfd is memory, never disk (secrets stay in memory); the launcher keeps a descriptor of it beside
 the `/dev/fuse` one (`fusevol.launcher`), so it outlives the agent.
 
@@ -28,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import logging
+import mmap
 import os
 import pickle
 import stat
@@ -81,6 +83,8 @@ class Journal:
         self._base_length = base_length
         self._journal_bytes = 0
         self._tree: Tree | None = None
+        self._map: mmap.mmap | None = None
+        """The memfd mapped from 0 to its size: records are memory stores, not system calls."""
 
     @classmethod
     def create(cls, tree: Tree) -> Journal:
@@ -138,12 +142,25 @@ class Journal:
         self._append(b"D" + pickle.dumps((parent.inode, name)))
 
     def _append(self, body: bytes) -> None:
-        os.pwrite(self.fd, body, self._end + _LENGTH.size)
-        os.pwrite(self.fd, _LENGTH.pack(len(body)), self._end)
-        self._end += _LENGTH.size + len(body)
+        start, end = self._end + _LENGTH.size, self._end + _LENGTH.size + len(body)
+        if self._map is None or len(self._map) < end:
+            self._grow(end)
+        assert self._map is not None
+        self._map[start:end] = body
+        self._map[self._end : start] = _LENGTH.pack(len(body))  # one aligned 4-byte store, last
+        self._end = end
         self._journal_bytes += _LENGTH.size + len(body)
-        if body[:1] != b"L" and self._journal_bytes > 4 * self._base_length + (1 << 20):
+        if self._journal_bytes > 4 * self._base_length + (1 << 20):  # amortised: O(1) a byte
             self.compact()
+
+    def _grow(self, needed: int) -> None:
+        """Map the memfd up to at least `needed` bytes (twice that: amortised)."""
+        size = max(os.fstat(self.fd).st_size, needed * 2, 1 << 20)
+        size = -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+        os.ftruncate(self.fd, size)  # grows only: what is beyond the end reads as zeros
+        if self._map is not None:
+            self._map.close()
+        self._map = mmap.mmap(self.fd, size)
 
 
 def fuse_state(

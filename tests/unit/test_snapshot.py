@@ -143,3 +143,16 @@ def test_restored_symlinks_and_modes() -> None:
     secret = restored.child(restored.child(restored[volume.inode], b"..v1"), b"dir")  # type: ignore[arg-type]
     assert secret is not None
     assert (secret.children or {})[b"b.txt"].mode == stat.S_IFREG | 0o600
+
+
+def test_lookups_alone_do_not_grow_the_memfd_without_bound() -> None:
+    """A long-lived agent that publishes nothing still takes lookups and forgets: compacted too."""
+    tree = Tree()
+    journal = snapshot.Journal.create(tree)
+    volume = make_volume(tree)
+    publish(tree, volume, b"..v1", PAYLOAD)
+    for _ in range(200_000):  # ~4.6 MB of records
+        node = tree.lookup(volume.inode, b"..data")
+        tree.forget(node.inode, 1)
+    assert os.fstat(journal.fd).st_blocks * 512 < 3 * 1024 * 1024
+    assert state(snapshot.restore(os.dup(journal.fd)).tree) == state(tree)
