@@ -184,9 +184,11 @@ def launch(handover_socket: Path | None = None) -> int | None:
         )
 
 
-def take_over_from(path: Path, *, timeout_s: float = 10.0) -> tuple[int, int] | None:
+def take_over_from(path: Path, *, timeout_s: float = 5.0) -> tuple[int, int] | None:
     """Ask the lame duck at `path` (`fusevol.handover`) for its FUSE connection: (fuse fd, state
-    fd), or None if there is no lame duck or it cannot be taken over."""
+    fd), or None if there is no lame duck or it cannot be taken over (a lame duck of a version
+    without takeover does not answer: `timeout_s` later the next agent stacks its binds, the old
+    way)."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:

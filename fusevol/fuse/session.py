@@ -108,7 +108,7 @@ async def serve(
 
 
 def _resume(operations: pyfuse3.Operations, connection: Connection, options: set[str]) -> None:
-    """Take the predecessor's connection over (FUSE.md): a session on the descriptor, the same
+    """Take the predecessor's connection over: a session on the descriptor, the same
     INIT processed again, then FUSE_NOTIFY_RESEND so that the kernel queues again every request
     the predecessor had read but not answered (Linux 6.9; older kernels refuse it, and those
     requests then wait until the connection ends)."""
