@@ -109,15 +109,26 @@ class Journal:
         os.pwrite(self.fd, _HEADER.pack(MAGIC, _INIT_OFFSET, len(request), base, length), 0)
 
     def compact(self) -> None:
-        """Write the whole tree as a new base after the journal, point the header at it, and free
-        the memory of the old base and journal."""
+        """Write the whole tree as a new base, point the header at it, and free the memory of the
+        old base and journal. The new base goes after the journal, or back at the start of the
+        memfd when it fits below the old base, so that offsets (and the mapping) stay within
+        about twice what is alive. Outside the live base and journal the memfd reads as zeros."""
         assert self._tree is not None
         body = pickle.dumps(_dump(self._tree), protocol=pickle.HIGHEST_PROTOCOL)
-        base = self._end
-        os.pwrite(self.fd, body, base)
         _, init, init_length, old_base, _ = _HEADER.unpack(os.pread(self.fd, _HEADER.size, 0))
+        wrap = len(body) <= old_base - _FIRST_BASE
+        base = _FIRST_BASE if wrap else self._end
+        if wrap:  # zeros for sure (an earlier compaction cut short by a kill may have left some)
+            _punch_hole(self.fd, _FIRST_BASE, old_base - _FIRST_BASE)
+        os.pwrite(self.fd, body, base)
         os.pwrite(self.fd, _HEADER.pack(MAGIC, init, init_length, base, len(body)), 0)
-        if old_base:
+        if wrap:
+            _punch_hole(self.fd, old_base, self._end - old_base)
+            if self._map is not None:  # shrink the file, and the mapping with it
+                self._map.close()
+                self._map = None
+            os.ftruncate(self.fd, base + len(body))
+        elif old_base:
             _punch_hole(self.fd, old_base, base - old_base)
         self._end = base + len(body)
         self._base_length = len(body)
