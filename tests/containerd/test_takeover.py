@@ -14,6 +14,7 @@ import itertools
 import os
 import random
 import signal
+import statistics
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -138,6 +139,11 @@ def test_plain_binds_read_through_every_takeover(
         try:
             clock.wait_for("ok v0 v0", after=0)
             slave_clock.wait_for("ok v0 v0", after=0)
+            time.sleep(1.0)
+            # A round of the loop (four processes) on this machine, undisturbed: the part of a gap
+            # that is the reader's own, not a wait on the FUSE server.
+            rounds = [b - a for a, b in itertools.pairwise(at for at, _ in list(clock.lines))]
+            usual = statistics.median(rounds)
 
             # 1. kill -9 of the agent proper, three times; then an edit.
             pauses = []
@@ -145,13 +151,14 @@ def test_plain_binds_read_through_every_takeover(
                 killed = time.monotonic()
                 kill_agent(agent)
                 clock.wait_for("ok v0 v0", after=time.monotonic(), timeout_s=10)
-                pauses.append(_longest_gap(clock, killed - 0.05))
+                pauses.append(_longest_gap(clock, killed - 0.05) - usual)
             write_atomically(manifests / "app.yaml", configmap("v1"))
             edited = time.monotonic()
             seen = clock.wait_for("ok v1 v1", after=edited, timeout_s=10)
             figures.append(
                 f"kill -9 of the agent, launcher alive (3x): {_failed(clock)} failed reads,"
-                f" longest pause {max(pauses) * 1000:.0f} ms; edit seen"
+                f" longest pause {max(pauses) * 1000:.0f} ms (beyond a usual round of"
+                f" {usual * 1000:.0f} ms); edit seen"
                 f" {(seen - edited) * 1000:.0f} ms after"
             )
             assert max(pauses) <= 1.0, figures[-1]
