@@ -11,6 +11,8 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import platform
+import shutil
 import signal
 import socket
 import subprocess
@@ -122,26 +124,69 @@ def test_kill_9_of_the_agent_fails_no_read(manifests: Path, tmp_path: Path) -> N
     assert max(pauses) <= 2.0, pauses
 
 
-def test_a_reader_blocked_in_a_request_gets_its_answer(manifests: Path, tmp_path: Path) -> None:
-    """The agent is stopped (SIGSTOP) so that a request is read but never answered, then killed:
-    its successor has the kernel send the request again (FUSE_NOTIFY_RESEND) and answers it."""
+@pytest.mark.skipif(
+    shutil.which("strace") is None or platform.machine() != "x86_64",
+    reason="needs strace, and x86-64's system call numbers",
+)
+def test_a_request_read_but_not_answered_is_answered_by_the_successor(
+    manifests: Path, tmp_path: Path
+) -> None:
+    """The agent has read a request and not answered it yet when it dies: strace holds each of its
+    replies (libfuse writes them with writev) for 30 s, a reader lists the volume (an opendir the
+    agent reads and answers, and the answer is held), and the agent is killed. The successor has
+    the kernel send the request again (FUSE_NOTIFY_RESEND) and answers it: the reader gets its
+    listing. Without the resend it would wait for ever."""
     root = tmp_path / "root"
     with running_agent(manifests, root) as agent:
         agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by the launcher" in agent.log_text())
         volume = agent.volume(POD_UID, "configmap", "config")
         old = agent.pid
-        os.kill(old, signal.SIGSTOP)
-        lister = subprocess.Popen(["ls", "-a", str(volume)], stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)
-        assert lister.poll() is None  # waiting on the stopped agent
-        os.kill(old, signal.SIGKILL)
-        out, _ = lister.communicate(timeout=20)
+        tracer = subprocess.Popen(
+            [
+                "strace",
+                "-f",
+                "-p",
+                str(old),
+                "-o",
+                "/dev/null",
+                "-e",
+                "trace=writev",
+                "-e",
+                "inject=writev:delay_enter=30000000",
+            ],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert tracer.stderr is not None
+            assert "attached" in tracer.stderr.readline()
+            lister = subprocess.Popen(["ls", "-a", str(volume)], stdout=subprocess.PIPE, text=True)
+            wait_for(lambda: _syscall_of(old) == "writev", timeout_s=10)  # the reply, held
+            assert lister.poll() is None
+            os.kill(old, signal.SIGKILL)  # pending until the tracer lets go; then the held
+            tracer.kill()  # writev is skipped: the agent dies with the reply unsent
+            tracer.wait(timeout=10)
+            out, _ = lister.communicate(timeout=30)
+        finally:
+            tracer.kill()
+            tracer.wait(timeout=10)
+            assert tracer.stderr is not None
+            tracer.stderr.close()
         wait_new_agent(agent, old)
         assert lister.returncode == 0
         assert {"..data", "a", "b"} <= set(out.split())
         agent.stop()
     assert not pid_alive(old)
+
+
+def _syscall_of(pid: int) -> str:
+    """The system call a thread of `pid` is in, by name, if it is writev (20 on x86-64)."""
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/syscall") as f:
+            if f.read().split()[0] == "20":
+                return "writev"
+    return ""
 
 
 def test_upgrade_restart_hands_the_connection_over(manifests: Path, tmp_path: Path) -> None:
