@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import signal
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
@@ -44,12 +45,12 @@ from fusevol.cache.desired import DesiredState
 from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
+from fusevol.fuse import snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
-from fusevol.fuse.session import serve
-from fusevol.fuse.tree import Tree
+from fusevol.fuse.session import Connection, serve
 from fusevol.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
-from fusevol.launcher import Launcher
+from fusevol.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.lock import AgentLock
 from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
@@ -157,12 +158,16 @@ class Agent:
         self.store = ObjectStore()
         self.desired = DesiredState()
         self.actual = ActualState()
-        self.tree = Tree()
+        self.tree, self._journal, self._take_over = snapshot.fuse_state(
+            None if launcher is None else launcher.take_over, launched=launcher is not None
+        )
         self.publisher = Publisher(
             self.tree,
             mountpoint=layout.fuse_mountpoint(root),
             grace_s=settings.fuse.old_version_grace_s,
         )
+        if self._take_over is not None:
+            self.publisher.adopt()
         self.operations = Operations(
             self.tree,
             is_agent=self.publisher.is_publisher,
@@ -268,6 +273,9 @@ class Agent:
         self._lame_duck = trio.CancelScope(shield=True)
         self._detached = False
         """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
+        self._fuse_scope = trio.CancelScope(shield=True)
+        self._connection: Connection | None = None
+        """Our FUSE connection, once the launcher holds it too (`_connected`)."""
 
     def statistics(self) -> dict[str, Any]:
         """Every component's counters, for the status snapshot."""
@@ -284,17 +292,19 @@ class Agent:
         lock = await AgentLock.acquire(root, self.backend)  # (1)
         try:
             predecessor = await find_predecessor(layout.handover_socket(root))
-            await detach_dead_fuse_mounts(self.backend, root)  # (2)
+            if self._take_over is None:  # else our predecessor's mount is alive: ours now
+                await detach_dead_fuse_mounts(self.backend, root)  # (2)
             found = reconstruct(root)
             for volume in found:
                 self.actual.mark_mounted(volume)
             if self._manifest_recorder is not None:
                 self._manifest_recorder.load()  # the PVs this node provisioned, before any source
             layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
-            layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
+            if self._take_over is None:  # (its stat would wait for our own FUSE server)
+                layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
             # so it is shielded from outside cancellation and stopped here, last.
-            fuse_scope = trio.CancelScope(shield=True)
+            fuse_scope = self._fuse_scope
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
                 await fuse_nursery.start(self._run_publisher)
@@ -333,7 +343,11 @@ class Agent:
                         self._publisher_scope.cancel()
                         if self.handover and self._launcher is not None:
                             with self._lame_duck:
-                                await be_lame_duck(root, let_go=lambda: self._let_go(lock))
+                                await be_lame_duck(
+                                    root,
+                                    let_go=lambda: self._let_go(lock),
+                                    hand_over=self._hand_over if self._connection else None,
+                                )
                     finally:  # whatever failed above: the FUSE server must stop, or we never exit
                         fuse_scope.cancel()
                         fuse_nursery.cancel_scope.cancel()
@@ -359,6 +373,19 @@ class Agent:
         self._detached = True
         lock.release()
         self._launcher.detach()
+
+    async def _hand_over(self) -> list[int]:
+        """Stop answering FUSE (what we read but did not answer, the successor gets again) and
+        return our connection's descriptors for the successor (fusevol.handover)."""
+        assert self._connection is not None
+        assert self._journal is not None
+        self._detached = True  # the mount is the successor's now: never unmount it
+        fuse_fd = os.dup(self._connection.fd)  # pyfuse3 closes its own as it stops
+        self._fuse_scope.cancel()
+        while self._fuse_up:  # noqa: ASYNC110 - a few ms: the FUSE tasks end at once
+            await trio.sleep(0.001)
+        log.info("handing the FUSE connection over to the next agent")
+        return [fuse_fd, self._journal.fd]
 
     def stop(self, *, handover: bool) -> None:
         """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
@@ -386,10 +413,24 @@ class Agent:
                     mountpoint,
                     max_tasks=self.settings.fuse.max_tasks,
                     unmount=lambda: not self._detached,
+                    take_over=self._take_over,
+                    connected=self._connected,
                     task_status=task_status,
                 )
             finally:
                 self._fuse_up = False
+
+    def _connected(self, connection: Connection) -> None:
+        """The kernel's INIT is answered: have the launcher keep the connection and our tree's
+        state, so that a successor takes them over if we die (fusevol.launcher)."""
+        if self._launcher is None or self._journal is None:
+            return
+        self._journal.write_init(connection.init_request)
+        self._launcher.hold(connection.fd, self._journal.fd)
+        sdnotify.store_fds(FDNAME_FUSE, [connection.fd])  # under systemd: a kill -9 of the whole
+        sdnotify.store_fds(FDNAME_STATE, [self._journal.fd])  # service keeps them too
+        self._connection = connection
+        log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
 
 
 async def run_until_signalled(settings: Settings) -> None:

@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import __version__, log, preflight
+from fusevol import __version__, layout, log, preflight
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
@@ -192,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
                     fuse=True,
                     http=(args.http_host, args.http_port),
                 )
-                if (status := launch()) is not None:
+                # Imported before the fork, run only in the child: a child the launcher starts
+                # after a crash serves again without first spending a second or two on imports.
+                import fusevol.app  # noqa: F401
+
+                if (status := launch(layout.handover_socket(args.root.absolute()))) is not None:
                     return status  # the launcher's: the agent runs in its child (fusevol.launcher)
             return _run(args)
         if args.command == "teardown":

@@ -18,10 +18,18 @@ binds then turn dead as after a crash, and the next agent recovers them the same
 Protocol: the successor connects and keeps the connection while it sets up; once every volume it
 found on the node is set up again (or torn down), it sends `STACKED` and closes. A lame duck that
 loses the connection without `STACKED` (its successor crashed) waits for the next one.
+
+Taking over (a lame duck whose connection can be taken over, `fusevol.fuse.snapshot`): its FUSE
+mountpoint stays attached, and the successor's launcher (`fusevol.launcher.take_over_from`)
+sends `TAKE_OVER` instead; the lame duck stops reading `/dev/fuse` (the requests it read but did
+not answer are sent again to the successor: FUSE_NOTIFY_RESEND), answers with its `/dev/fuse`
+and state descriptors (SCM_RIGHTS), and exits. Readers wait meanwhile; none fails, whatever
+their mount propagation, and no bind is stacked.
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
 import logging
@@ -35,7 +43,7 @@ from fusevol import layout
 from fusevol.cache.actual import MountState
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Awaitable, Callable, Iterable
     from pathlib import Path
 
     from fusevol.cache.actual import ActualState
@@ -44,6 +52,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STACKED = b"stacked\n"
+TAKE_OVER = b"take-over\n"
 LAME_DUCK_S = 60.0
 """How long a lame duck waits for a successor to stack its binds before it exits anyway."""
 LINGER_S = 1.0
@@ -53,32 +62,60 @@ RELEASE_WAIT_S = 30.0
 """How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
 
 
-async def be_lame_duck(root: Path, *, let_go: Callable[[], None]) -> bool:
+async def be_lame_duck(
+    root: Path,
+    *,
+    let_go: Callable[[], None],
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+) -> bool:
     """A launched agent's handing-over stop, once it has stopped reconciling: keep answering
-    FUSE (the caller's server goes on) for the pod binds until the next agent has stacked its
-    own. Returns True if a successor said so, False after LAME_DUCK_S without one.
+    FUSE (the caller's server goes on) for the pod binds until the next agent has taken our
+    connection over, or stacked its own binds. Returns True if a successor did, False after
+    LAME_DUCK_S without one.
 
-    (1) listen on the hand-over socket; (2) detach our FUSE mountpoint lazily (no abort: the pod
-    binds keep the connection), so the successor mounts afresh at the same place; (3)
-    `let_go()`: the caller releases the agent lock and its launcher, which exits; (4) wait, and
-    answer LINGER_S more for the readers already on their way to an old bind."""
+    (1) listen on the hand-over socket; (2) unless we can be taken over (`hand_over`: stops our
+    FUSE server and returns the descriptors for the successor), detach our FUSE mountpoint lazily
+    (no abort: the pod binds keep the connection), so the successor mounts afresh at the same
+    place; (3) `let_go()`: the caller releases the agent lock and its launcher, which exits; (4)
+    wait, and after a stacking successor answer LINGER_S more for the readers already on their
+    way to an old bind."""
+    taken_over: list[bool] = []
+
+    async def give() -> list[int]:
+        assert hand_over is not None
+        taken_over.append(True)
+        return await hand_over()
+
     async with trio.open_nursery() as nursery:
         outcome: list[bool] = []
 
         async def listen(*, task_status: trio.TaskStatus[None]) -> None:
             path = layout.handover_socket(root)
-            outcome.append(await serve_as_lame_duck(path, task_status=task_status))
+            outcome.append(
+                await serve_as_lame_duck(
+                    path, hand_over=give if hand_over else None, task_status=task_status
+                )
+            )
 
         await nursery.start(listen)  # (1)
-        mountpoint = layout.fuse_mountpoint(root)
-        await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)  # (2)
+        if hand_over is None:
+            mountpoint = layout.fuse_mountpoint(root)
+            await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)  # (2)
         let_go()  # (3)
-        log.info("lame duck: serving pod volumes until the next agent has stacked its binds")
+        log.info(
+            "lame duck: serving pod volumes until the next agent %s",
+            "takes the connection over" if hand_over else "has stacked its binds",
+        )
     stacked = outcome == [True]  # (4)
-    if stacked:
+    if stacked and not taken_over:
         await trio.sleep(LINGER_S)
     log.info(
-        "lame duck done: %s", "the next agent has stacked its binds" if stacked else "no successor"
+        "lame duck done: %s",
+        "the next agent took the connection over"
+        if taken_over
+        else "the next agent has stacked its binds"
+        if stacked
+        else "no successor",
     )
     return stacked
 
@@ -87,10 +124,14 @@ async def serve_as_lame_duck(
     path: Path,
     *,
     timeout_s: float = LAME_DUCK_S,
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> bool:
-    """Listen at `path` until a successor sends `STACKED` (True) or `timeout_s` passes (False).
+    """Listen at `path` until a successor sends `STACKED` or takes the connection over (True), or
+    `timeout_s` passes (False).
 
+    `hand_over()` stops our FUSE server and returns the descriptors to send a successor that asks
+    to take over (None: we cannot be taken over, and such a request is refused by closing).
     Reports started once listening: the caller releases the agent lock only then, so a successor
     that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -108,6 +149,13 @@ async def serve_as_lame_duck(
                     received = b""
                     while chunk := await connection.recv(64):
                         received += chunk
+                        if received == TAKE_OVER and hand_over is not None:
+                            fds = await hand_over()
+                            rights = array.array("i", fds).tobytes()
+                            await connection.sendmsg(
+                                [TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                            )
+                            return True
                 if received.startswith(STACKED):
                     return True
                 log.info("the successor left without stacking its binds: waiting for the next")

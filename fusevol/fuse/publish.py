@@ -32,7 +32,10 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.model import FileProjection
+
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from pathlib import Path
 
     from fusevol.fuse.tree import Node, Tree
@@ -74,6 +77,29 @@ class Publisher:
         self._idle: list[_Helper] = []
         self._helpers: dict[int, _Helper] = {}
         self._available = trio.Semaphore(HELPERS)
+        self._leftovers: list[tuple[str, Path]] = []
+
+    def adopt(self) -> None:
+        """Take the volumes of a restored tree (a predecessor's, `fusevol.fuse.snapshot`) as
+        published here: the current version of each is the one `..data` names. What a publish cut
+        short left behind (versions `..data` does not name, a `..data_tmp`) is removed once `run`
+        has started, after the grace period."""
+        for name, directory in (self._tree.root.children or {}).items():
+            data = self._tree.child(directory, DATA)
+            current = None if data is None else self._tree.child(directory, data.target)
+            self._versions[name] = None
+            if data is not None and current is not None and current.children is not None:
+                self._versions[name] = Version(
+                    data.target,
+                    dict(_files(current)),
+                    current.gid or None,
+                    current.mode & 0o7777,
+                )
+            for entry, node in (directory.children or {}).items():
+                if entry == DATA_TMP:
+                    self._leftovers.append(("unlink", self.path(name) / os.fsdecode(entry)))
+                elif node.is_dir and entry.startswith(b"..") and node is not current:
+                    self._leftovers.append(("rmdir", self.path(name) / os.fsdecode(entry)))
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the helper processes, host the delayed removals of old versions until cancelled,
@@ -83,6 +109,9 @@ class Publisher:
                 self._idle.append(self._spawn())
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                for op, path in self._leftovers:
+                    self._remove_later(path, op)
+                self._leftovers.clear()
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -201,16 +230,16 @@ class Publisher:
             if self._tree.child(volume_dir, name) is None:
                 return name
 
-    def _remove_later(self, path: Path) -> None:
+    def _remove_later(self, path: Path, op: str = "rmdir") -> None:
         assert self._nursery is not None, "Publisher.run() is not running"
         self._pending_removals += 1
-        self._nursery.start_soon(self._remove_after_grace, path)
+        self._nursery.start_soon(self._remove_after_grace, path, op)
 
-    async def _remove_after_grace(self, path: Path) -> None:
+    async def _remove_after_grace(self, path: Path, op: str) -> None:
         try:
             await trio.sleep(self._grace_s)
             with contextlib.suppress(FileNotFoundError):
-                await self._vfs("rmdir", path)
+                await self._vfs(op, path)
         finally:
             self._pending_removals -= 1
 
@@ -285,6 +314,16 @@ class _Helper:
         self._send.close()
         self._receive.close()
         self._process.poll()
+
+
+def _files(directory: Node, prefix: str = "") -> Iterator[tuple[str, FileProjection]]:
+    """A version directory's files as the payload they were built from (`Tree.build_version`)."""
+    for name, node in (directory.children or {}).items():
+        path = prefix + os.fsdecode(name)
+        if node.is_dir:
+            yield from _files(node, path + "/")
+        else:
+            yield path, FileProjection(node.data, node.mode & 0o7777, node.uid or None)
 
 
 def _top_level(payload: Payload) -> set[bytes]:

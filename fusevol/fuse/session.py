@@ -6,14 +6,25 @@ directory. Mount options: `allow_other` (containers run as other uids), `default
 kernel checks modes and owners from our attributes, as on kubelet's tmpfs), and a recognisable
 fsname.
 
+A successor can take over a live connection instead of mounting (`Connection`, `take_over`): a
+process that kept a descriptor of it hands it over, with the kernel's INIT request that a patched
+pyfuse3 processes again (`pyfuse3.resume`); the requests the dead agent had read are then sent
+again by the kernel (FUSE_NOTIFY_RESEND).
+
 Which pyfuse3 serves the mount is logged: fusevol's patched build (`.ci/install-pyfuse3`) gives
 the fast read path (`fusevol.fuse.ops`), stock pyfuse3 works without it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import logging
+import os
+import struct
+import subprocess
+from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import pyfuse3
@@ -28,11 +39,26 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 FSNAME = "fusevol"
+_NOTIFY_RESEND = struct.pack("<IiQ", 16, 7, 0)
+"""fuse_out_header {len 16, error FUSE_NOTIFY_RESEND, unique 0}: a notification, not a reply."""
 
 
 def has_fast_read_path() -> bool:
     """True if the installed pyfuse3 can negotiate symlink caching and no_open (the patched one)."""
     return hasattr(pyfuse3, "negotiated_capabilities")
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """A live FUSE connection: a `/dev/fuse` descriptor and the kernel's INIT request on it."""
+
+    fd: int
+    init_request: bytes
+
+
+def can_take_over() -> bool:
+    """True if the installed pyfuse3 can resume a connection (fusevol's patched build)."""
+    return hasattr(pyfuse3, "resume")
 
 
 async def serve(
@@ -41,23 +67,68 @@ async def serve(
     *,
     max_tasks: int,
     unmount: Callable[[], bool] = lambda: True,
+    take_over: Connection | None = None,
+    connected: Callable[[Connection], None] = lambda _: None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Mount at `mountpoint`, report started, answer requests until cancelled, then unmount
-    unless `unmount()` says no (a lame duck's mountpoint is the next agent's: fusevol.handover);
-    closing the session aborts the connection either way."""
+    """Mount at `mountpoint` (or, with `take_over`, answer a predecessor's live connection, mounted
+    there), report started, answer requests until cancelled, then unmount unless `unmount()` says
+    no (a lame duck's mountpoint is the next agent's: fusevol.handover); closing the session
+    aborts the connection unless another process holds a descriptor of it.
+
+    `connected(connection)` is called once the kernel's INIT request has been answered (at once
+    when taking over): its descriptor may then be kept elsewhere (`fusevol.launcher`)."""
     options = {f"fsname={FSNAME}", f"subtype={FUSE_SUBTYPE}", "allow_other", "default_permissions"}
-    pyfuse3.init(operations, str(mountpoint), options)
+    if take_over is not None:
+        _resume(operations, take_over, options)
+    else:
+        pyfuse3.init(operations, str(mountpoint), options)
     log.info(
-        "FUSE mounted mountpoint=%s pyfuse3=%s fast_read_path=%s",
+        "FUSE %s mountpoint=%s pyfuse3=%s fast_read_path=%s",
+        "taken over" if take_over else "mounted",
         mountpoint,
         importlib.metadata.version("pyfuse3"),
         "yes" if has_fast_read_path() else "no (stock pyfuse3: see .ci/install-pyfuse3)",
     )
     try:
-        task_status.started()
-        await pyfuse3.main(min_tasks=1, max_tasks=max_tasks)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(partial(pyfuse3.main, min_tasks=1, max_tasks=max_tasks))
+            task_status.started()
+            if take_over is not None:
+                connected(take_over)
+            elif can_take_over():
+                while (request := pyfuse3.init_request()) is None:  # noqa: ASYNC110
+                    await trio.sleep(0.005)  # the INIT arrives at once: a few polls at most
+                connected(Connection(_session_fd(), request))
     finally:
         detach = unmount()
-        pyfuse3.close(unmount=detach)
+        pyfuse3.close(unmount=detach and take_over is None)
+        if detach and take_over is not None:  # libfuse did not mount it, so it does not unmount
+            subprocess.run(["umount", "--lazy", str(mountpoint)], check=False)  # noqa: ASYNC221
         log.info("FUSE %s mountpoint=%s", "unmounted" if detach else "closed", mountpoint)
+
+
+def _resume(operations: pyfuse3.Operations, connection: Connection, options: set[str]) -> None:
+    """Take the predecessor's connection over: a session on the descriptor, the same
+    INIT processed again, then FUSE_NOTIFY_RESEND so that the kernel queues again every request
+    the predecessor had read but not answered (Linux 6.9; older kernels refuse it, and those
+    requests then wait until the connection ends)."""
+    pyfuse3.init(operations, f"/dev/fd/{connection.fd}", options)
+    pyfuse3.resume(connection.init_request)
+    try:
+        os.write(connection.fd, _NOTIFY_RESEND)
+    except OSError as exc:
+        log.warning(
+            "the kernel cannot resend requests in flight (FUSE_NOTIFY_RESEND, Linux 6.9): "
+            "those the previous agent had read wait until the connection ends error=%s",
+            exc,
+        )
+
+
+def _session_fd() -> int:
+    """pyfuse3's `/dev/fuse` descriptor (one session per process, so one such descriptor)."""
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}") == "/dev/fuse":
+                return int(name)
+    raise RuntimeError("no /dev/fuse descriptor in this process")

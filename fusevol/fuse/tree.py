@@ -21,6 +21,10 @@ Lifetimes follow the FUSE contract (pyfuse3 `Operations.forget`): a node is in t
 while it is reachable from the root or the kernel still holds lookups on it; a detached node is
 dropped when its lookup count reaches zero. Inode numbers are never reused.
 
+Every change of what the kernel may know (structure, lookup counts) is told to `observer`, if
+any, before the request's reply leaves: `fusevol.fuse.snapshot` keeps it in memory outside the
+agent, for a successor that takes the FUSE connection over and must answer for the same inodes.
+
 Errors are raised as `OSError(errno, ...)`; the FUSE adapter turns them into `FUSEError`.
 """
 
@@ -30,7 +34,7 @@ import errno
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -86,6 +90,16 @@ class TreeStatistics:
     staged: int
 
 
+class TreeObserver(Protocol):
+    """Told of every change the kernel may see, after the tree made it."""
+
+    def remembered(self, node: Node) -> None: ...
+    def forgot(self, inode: int, nlookup: int) -> None: ...
+    def attached(self, parent: Node, name: bytes, node: Node) -> None: ...
+    def renamed(self, old_parent: Node, old: bytes, new_parent: Node, new: bytes) -> None: ...
+    def removed(self, parent: Node, name: bytes) -> None: ...
+
+
 class Tree:
     def __init__(self, *, clock_ns: Callable[[], int] = time.time_ns) -> None:
         self._clock_ns = clock_ns
@@ -95,6 +109,36 @@ class Tree:
         self.root.parent = self.root
         self._nodes: dict[int, Node] = {ROOT_INODE: self.root}
         self._staged: dict[tuple[int, bytes], Node] = {}
+        self.observer: TreeObserver | None = None
+
+    @classmethod
+    def restored(cls, nodes: dict[int, Node], *, attached: set[int], next_inode: int) -> Tree:
+        """A tree made of `nodes` (linked, with their lookup counts), those in `attached` reachable
+        from the root (`nodes[ROOT_INODE]`): what a predecessor served (`fusevol.fuse.snapshot`)."""
+        tree = cls()
+        tree.root = nodes[ROOT_INODE]
+        tree.root.parent = tree.root
+        tree._next_inode = next_inode
+        tree._nodes = {}
+        for inode, node in nodes.items():
+            node.attached = inode in attached
+            if node.attached or node.nlookup:
+                tree._nodes[inode] = node
+        return tree
+
+    @property
+    def next_inode(self) -> int:
+        return self._next_inode
+
+    def known_nodes(self) -> list[Node]:
+        """Every node of the inode table and every node below one (detached directories keep
+        their content for those who hold them), each once."""
+        seen: dict[int, Node] = {}
+        for node in list(self._nodes.values()):
+            if node.inode not in seen:
+                for each in _walk(node):
+                    seen.setdefault(each.inode, each)
+        return list(seen.values())
 
     # -- building new, unattached nodes ------------------------------------------------------------
 
@@ -182,6 +226,8 @@ class Tree:
         directory the kernel still holds (a process whose cwd is inside a removed version)."""
         node.nlookup += 1
         self._nodes.setdefault(node.inode, node)
+        if self.observer is not None:
+            self.observer.remembered(node)
 
     def forget(self, inode: int, nlookup: int) -> None:
         node = self._nodes.get(inode)
@@ -190,6 +236,8 @@ class Tree:
         node.nlookup = max(0, node.nlookup - nlookup)
         if node.nlookup == 0 and not node.attached:
             del self._nodes[inode]
+        if self.observer is not None:
+            self.observer.forgot(inode, nlookup)
 
     def entries(self, directory: Node, after: int) -> Iterator[tuple[bytes, Node]]:
         """Entries ordered by inode number, starting after inode `after`: stable readdir offsets."""
@@ -209,6 +257,8 @@ class Tree:
             raise OSError(errno.EEXIST, "exists")
         self._attach(parent, name, node)
         node.nlookup += 1
+        if self.observer is not None:
+            self.observer.attached(parent, name, node)
         return node
 
     def symlink(self, parent_inode: int, name: bytes, target: bytes) -> Node:
@@ -219,7 +269,15 @@ class Tree:
         node.target = target
         self._attach(parent, name, node)
         node.nlookup += 1
+        if self.observer is not None:
+            self.observer.attached(parent, name, node)
         return node
+
+    def adopt(self, parent: Node, name: bytes, node: Node) -> None:
+        """Attach `node` (its lookup count as recorded) at `parent/name`: a recorded mkdir or
+        symlink replayed (`fusevol.fuse.snapshot`). Numbers above it are never handed out."""
+        self._attach(parent, name, node)
+        self._next_inode = max(self._next_inode, *(n.inode + 1 for n in _walk(node)))
 
     def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
         old_parent = self._directory(old_parent_inode)
@@ -238,6 +296,8 @@ class Tree:
         if replaced is not None:
             self._detach(replaced)
         self._touch(old_parent, new_parent)
+        if self.observer is not None:
+            self.observer.renamed(old_parent, old, new_parent, new)
 
     def unlink(self, parent_inode: int, name: bytes) -> None:
         self._remove(parent_inode, name, directory=False)
@@ -274,6 +334,8 @@ class Tree:
         del parent.children[name]
         self._detach(node)
         self._touch(parent)
+        if self.observer is not None:
+            self.observer.removed(parent, name)
 
     def _attach(self, parent: Node, name: bytes, node: Node) -> None:
         _link(parent, name, node)

@@ -42,6 +42,8 @@ def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None
     tmp = os.path.join(root, DATA_TMP)
     os.mkdir(version)  # (6) the staged content appears whole
     try:
+        with contextlib.suppress(FileNotFoundError):  # left by a predecessor killed at (8)
+            os.unlink(tmp)
         os.symlink(name, tmp)  # (8)
         os.rename(tmp, os.path.join(root, DATA))  # (9)
     except OSError:
@@ -66,6 +68,7 @@ def links(root: str, names: list[str]) -> None:
 OPERATIONS: dict[str, Callable[..., None]] = {
     "mkdir": os.mkdir,
     "rmdir": os.rmdir,
+    "unlink": os.unlink,
     "switch": switch,
     "links": links,
 }

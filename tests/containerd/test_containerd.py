@@ -180,10 +180,12 @@ def test_running_container_reads_through_agent_restarts(
 ) -> None:
     """A container reads its configuration in a loop (cat of a key and ls of the directory: ls
     always reaches the FUSE server) while the agent is restarted (SIGTERM, then start: an
-    upgrade) and killed (kill -9, then start: a crash). With an rslave bind, not one read fails
-    through the upgrade (the stopped agent serves as a lame duck until the next one has stacked
-    its binds) and reads recover within 1 s of a crash; a container whose bind is rprivate keeps
-    failing once the agent that served it is gone (README)."""
+    upgrade) and killed (kill -9 of `fusevol run`, which takes its agent along, then start: a
+    crash of the whole service, the FUSE connection lost). With an rslave bind, not one read
+    fails through the upgrade (the next agent takes the lame duck's connection over) and reads
+    recover within 1 s of the crash (the next agent's binds, stacked, propagate); a container whose
+    bind is rprivate keeps failing once the connection is lost (README; test_takeover.py has the
+    cases where it is kept)."""
     agents = [agent]  # every generation: a failure must not leave one running
     try:
         out, private_out = tmp_path / "out", tmp_path / "private-out"

@@ -229,9 +229,10 @@ def test_a_restart_serves_every_published_target_again(
 def test_reads_of_a_csi_target_never_fail_through_a_hand_over(
     api: ApiServer, csi_agent: Callable[..., Any], tmp_path: Path
 ) -> None:
-    """SIGTERM then a new agent (systemctl restart): the lame duck serves the CSI target until
-    the new agent has stacked its bind there; a reader whose copy of the target is a slave (a
-    container's HostToContainer bind) sees no failed read."""
+    """SIGTERM then a new agent (systemctl restart): the new agent takes the FUSE connection over
+    from the stopping one, so the CSI target's bind stays what it was and a reader whose copy of
+    the target is a slave (a container's HostToContainer bind) sees no failed read.
+    tests/containerd/test_takeover.py checks plain rprivate binds the same way."""
     api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
     web = pod(volumes=[csi_volume("config", configMap="app")])
     api.create(web)
@@ -250,12 +251,13 @@ def test_reads_of_a_csi_target_never_fail_through_a_hand_over(
             wait_for(lambda: reads.exists() and reads.stat().st_size > 0)
             first.hand_over()
             with csi_agent() as (second, _):
-                first.wait_agent_gone(10)  # released: the second agent's bind is on top
+                first.wait_agent_gone(10)  # the second agent serves the same connection
                 released = reads.stat().st_size
                 wait_for(lambda: reads.stat().st_size > released + 60)  # 20 reads more
                 reader.kill()
                 reader.wait(timeout=10)
-                assert "lame duck done: the next agent has stacked its binds" in first.log_text()
+                assert "lame duck done: the next agent took the connection over" in first.log_text()
+                assert "FUSE taken over" in second.log_text()
                 kubelet.unpublish(web, "config")
                 second.stop()
         finally:

@@ -17,7 +17,6 @@ all is a failure too; `test_verify_catches` shows each kind of mistake failing.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 import shlex
 import shutil
@@ -26,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from fusevol import app, cli, layout
+from fusevol import app, cli
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fusevol.service"
@@ -233,35 +232,13 @@ def test_exec_start_takes_every_setting_from_the_environment(unit: Unit) -> None
     assert only(unit, "Service", "Environment") == f"FUSEVOL_ROOT={cli.DEFAULT_ROOT}"
 
 
-def test_exec_stop_post_lazily_unmounts_the_fuse_root(unit: Unit) -> None:
-    prefixes, argv = exec_argv(only(unit, "Service", "ExecStopPost"))
-    assert prefixes == "-"  # nothing mounted after a clean stop: umount fails, and that is fine
-    assert argv[:-1] == ["umount", "--lazy", "--quiet"]
-    root = Path("/some/root")
-    assert argv[-1].replace("${FUSEVOL_ROOT}", str(root)) == str(layout.fuse_mountpoint(root))
-    assert shutil.which(argv[0]) is not None  # `-` spares it systemd-analyze's check: do it here
-
-
-@pytest.mark.privileged
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount")
-def test_exec_stop_post_detaches_a_mount_and_is_quiet_without_one(unit: Unit, tmp_path: Path):
-    _, argv = exec_argv(only(unit, "Service", "ExecStopPost"))
-    argv = [arg.replace("${FUSEVOL_ROOT}", str(tmp_path)) for arg in argv]
-    mountpoint = layout.fuse_mountpoint(tmp_path)
-    mountpoint.mkdir(parents=True)
-    subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(mountpoint)], check=True)
-    try:
-        (mountpoint / "busy").write_text("held open")
-        with open(mountpoint / "busy") as held:  # a lazy unmount detaches even a busy mount
-            first = subprocess.run(argv, capture_output=True, text=True, check=False)
-            assert held.read() == "held open"
-        assert (first.returncode, first.stderr) == (0, "")
-        assert not os.path.ismount(mountpoint)
-    finally:
-        subprocess.run(["umount", "--lazy", "--quiet", str(mountpoint)], check=False)
-    second = subprocess.run(argv, capture_output=True, text=True, check=False)
-    assert second.returncode != 0  # ignored by the "-" prefix
-    assert second.stderr == ""
+def test_the_fuse_connection_is_kept_in_the_fd_store_and_never_unmounted_on_stop(
+    unit: Unit,
+) -> None:
+    """The agent stores two descriptors (fusevol.launcher FDNAME_*); a restart after a crash
+    takes the connection over, so nothing may detach the FUSE mount when the service stops."""
+    assert int(only(unit, "Service", "FileDescriptorStoreMax")) >= 2
+    assert "ExecStopPost" not in unit["Service"]
 
 
 # -- the environment file --------------------------------------------------------------------------

@@ -286,10 +286,13 @@ def _stacks_ok(root: Path, *, layers: int) -> bool:
 
 
 def _kill_9(agent: AgentProcess) -> str:
-    """SIGKILL the agent proper and reap it. Returns "" if it died, else the wait channels of its
-    threads (one of them left waiting on the agent's own FUSE mount): the process is then released
-    the only way a node has, `umount -f` of the FUSE mount, which aborts the connection."""
+    """SIGKILL `fusevol run` and the agent proper (a crash of the whole service: the FUSE
+    connection is lost, no agent can take it over) and reap them. Returns "" if the agent died,
+    else the wait channels of its threads (one of them left waiting on the agent's own FUSE
+    mount): the process is then released the only way a node has, `umount -f` of the FUSE mount,
+    which aborts the connection."""
     assert agent.process is not None
+    agent.process.kill()  # first: a launcher that outlives its agent starts a new one
     os.kill(agent.pid, signal.SIGKILL)
     try:
         agent.wait_agent_gone(1.5)

@@ -1,0 +1,249 @@
+"""The FUSE connection outlives the agent, seen from containers whose bind is a plain `rbind:ro`
+(rprivate, CRI's default: no mount made after the container started can ever reach it).
+
+A container reads every 20 ms as uid 1000, resolving `..data` once per round and reading two keys
+through it (kubelet's atomicity guarantee), through: kill -9 of the agent proper while `fusevol
+run` lives (the launcher starts a new agent, which takes the connection over), the agent killed
+at random moments while edits stream in (mid-publish), and an upgrade-restart (SIGTERM, then a
+new `fusevol run`, which takes the lame duck's connection over).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import statistics
+import threading
+import time
+from typing import TYPE_CHECKING
+
+import pytest
+
+from fusevol.fuse.session import can_take_over
+from tests.agent import AgentProcess, pid_alive, wait_for, write_atomically
+from tests.containerd.runtime import Containerd, LineClock, bind, build_rootfs, needs_containerd
+from tests.faults.support import (
+    HEALTHY_CONFIGMAP,
+    HEALTHY_UID,
+    check_one_complete_version,
+    force_stop,
+    write_healthy,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+pytestmark = [
+    needs_containerd,
+    pytest.mark.containerd,
+    pytest.mark.skipif(not can_take_over(), reason="needs fusevol's patched pyfuse3"),
+]
+
+KILLS = int(os.environ.get("FUSEVOL_TAKEOVER_KILLS", "20"))
+"""Kills mid-publish: the CI subset; the issue's 100 with FUSEVOL_TAKEOVER_KILLS=100."""
+
+READ_LOOP = (
+    "while :; do d=$(busybox readlink /etc/config/..data) && a=$(cat /etc/config/$d/a)"
+    ' && b=$(cat /etc/config/$d/b) && ls /etc/config >/dev/null && echo "ok $a $b"'
+    " || echo fail; usleep 20000; done >> /out/reads 2>> /out/errors"
+)
+"""`ls` always reaches the FUSE server (opendir); `..data` is resolved once per round."""
+
+
+@pytest.fixture(scope="module")
+def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    daemon = Containerd(tmp_path_factory.mktemp("containerd"))
+    try:
+        yield daemon
+    finally:
+        daemon.stop()
+
+
+@pytest.fixture(scope="module")
+def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_rootfs(tmp_path_factory.mktemp("rootfs"))
+
+
+@pytest.fixture
+def report(
+    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
+) -> Callable[[str], None]:
+    def show(line: str) -> None:
+        with (tmp_path_factory.getbasetemp() / "containerd-figures.txt").open("a") as f:
+            f.write(line + "\n")
+        with capsys.disabled():
+            print(f"\n[containerd] {line}")
+
+    return show
+
+
+def configmap(value: str) -> str:
+    return HEALTHY_CONFIGMAP.replace('"alpha"', f'"{value}"').replace('"beta"', f'"{value}"')
+
+
+def children(launcher: int) -> list[int]:
+    with open(f"/proc/{launcher}/task/{launcher}/children") as f:
+        return [int(pid) for pid in f.read().split()]
+
+
+def kill_agent(agent: AgentProcess) -> None:
+    """kill -9 of the agent proper; returns once the launcher has started the next one."""
+    assert agent.process is not None
+    launcher, old = agent.process.pid, agent.pid
+    os.kill(old, signal.SIGKILL)
+    agent.pid = wait_for(lambda: [p for p in children(launcher) if p != old], timeout_s=20)[0]
+
+
+def test_plain_binds_read_through_every_takeover(
+    containerd: Containerd, rootfs: Path, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    write_healthy(manifests)
+    (manifests / "app.yaml").write_text(configmap("v0"))
+    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
+    for directory in (out, slave_out):
+        directory.mkdir()
+        directory.chmod(0o777)
+    agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
+    agents = [agent]
+    try:
+        agent.wait_state(HEALTHY_UID, "config", "mounted")
+        wait_for(lambda: "held by the launcher" in agent.log_text())
+        volume = agent.volume(HEALTHY_UID, "configmap", "config")
+        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+        for reads in (out / "reads", slave_out / "reads"):
+            reads.chmod(0o666)  # the readers are uid 1000
+        reader = containerd.run(
+            "plain",
+            rootfs,
+            bind(volume, "/etc/config", "ro", "rprivate"),
+            bind(out, "/out", "rw"),
+            command=("sleep", "100000"),
+        )
+        # The same reader behind an rslave bind (HostToContainer): the takeover serves both alike.
+        slave = containerd.run(
+            "slave",
+            rootfs,
+            bind(volume, "/etc/config", "ro", "rslave"),
+            bind(slave_out, "/out", "rw"),
+            command=("sleep", "100000"),
+        )
+        for name in (reader, slave):
+            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
+            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        figures = []
+        try:
+            clock.wait_for("ok v0 v0", after=0)
+            slave_clock.wait_for("ok v0 v0", after=0)
+            time.sleep(1.0)
+            # A round of the loop (four processes) on this machine, undisturbed: the part of a gap
+            # that is the reader's own, not a wait on the FUSE server.
+            rounds = [b - a for a, b in itertools.pairwise(at for at, _ in list(clock.lines))]
+            usual = statistics.median(rounds)
+
+            # 1. kill -9 of the agent proper, three times; then an edit.
+            pauses = []
+            for _ in range(3):
+                killed = time.monotonic()
+                kill_agent(agent)
+                clock.wait_for("ok v0 v0", after=time.monotonic(), timeout_s=10)
+                pauses.append(_longest_gap(clock, killed - 0.05) - usual)
+            write_atomically(manifests / "app.yaml", configmap("v1"))
+            edited = time.monotonic()
+            seen = clock.wait_for("ok v1 v1", after=edited, timeout_s=10)
+            figures.append(
+                f"kill -9 of the agent, launcher alive (3x): {_failed(clock)} failed reads,"
+                f" longest pause {max(pauses) * 1000:.0f} ms (beyond a usual round of"
+                f" {usual * 1000:.0f} ms); edit seen"
+                f" {(seen - edited) * 1000:.0f} ms after"
+            )
+            assert max(pauses) <= 1.0, figures[-1]
+
+            # 2. Killed mid-publish: edits stream in while the agent is killed at random moments.
+            stop = threading.Event()
+            last = ["v1"]
+
+            def edit() -> None:
+                n = 1
+                while not stop.is_set():
+                    n += 1
+                    write_atomically(manifests / "app.yaml", configmap(f"v{n}"))
+                    last[0] = f"v{n}"
+                    time.sleep(random.uniform(0.01, 0.05))
+
+            editor = threading.Thread(target=edit, daemon=True)
+            editor.start()
+            try:
+                for _ in range(KILLS):
+                    time.sleep(random.uniform(0.05, 0.4))
+                    kill_agent(agent)
+            finally:
+                stop.set()
+                editor.join(timeout=10)
+            final = last[0]
+            write_atomically(manifests / "app.yaml", configmap(final + "-final"))
+            clock.wait_for(f"ok {final}-final {final}-final", after=0, timeout_s=20)
+            wait_for(lambda: _one_version(volume, final + "-final"), timeout_s=10)
+            figures.append(
+                f"killed mid-publish {KILLS}x: {_failed(clock)} failed reads, {_mixed(clock)}"
+                " mixed versions, one complete current version after"
+            )
+
+            # 3. Upgrade-restart: SIGTERM, then a new `fusevol run`.
+            agent.hand_over()
+            restarted = time.monotonic()
+            previous, agent = agent, AgentProcess(manifests=manifests, root=agent.root).start()
+            agents.append(agent)
+            previous.wait_agent_gone(10)
+            gone = time.monotonic() - restarted
+            assert not pid_alive(previous.pid)
+            write_atomically(manifests / "app.yaml", configmap("upgraded"))
+            edited = time.monotonic()
+            seen = clock.wait_for("ok upgraded upgraded", after=edited, timeout_s=10)
+            figures.append(
+                f"upgrade-restart (SIGTERM, start): {_failed(clock)} failed reads; old agent"
+                f" gone {gone:.2f} s after the new start; edit seen"
+                f" {(seen - edited) * 1000:.0f} ms after"
+            )
+        finally:
+            clock.close()
+            slave_clock.close()
+            containerd.remove(reader)
+            containerd.remove(slave)
+        figures.append(
+            f"the same through an rslave bind: {_failed(slave_clock)} failed reads,"
+            f" {_mixed(slave_clock)} mixed versions"
+        )
+        for line in figures:
+            report(line)
+        errors = (out / "errors").read_text() if (out / "errors").exists() else ""
+        assert _failed(clock) == 0, (figures, errors[:500])
+        assert _mixed(clock) == 0, figures
+        assert (_failed(slave_clock), _mixed(slave_clock)) == (0, 0), figures
+        agent.stop()
+    finally:
+        for each in agents:
+            force_stop(each)
+
+
+def _failed(clock: LineClock) -> int:
+    return sum(1 for _, line in clock.lines if not line.startswith("ok "))
+
+
+def _mixed(clock: LineClock) -> int:
+    """Rounds that read `a` and `b` of different versions through one `..data`."""
+    return sum(1 for _, line in clock.lines if len(set(line.split()[1:])) > 1)
+
+
+def _longest_gap(clock: LineClock, since: float) -> float:
+    times = [at for at, _ in list(clock.lines) if at >= since]
+    return max((b - a for a, b in itertools.pairwise(times)), default=0.0)
+
+
+def _one_version(volume: Path, value: str) -> bool:
+    check_one_complete_version(volume, {"a": value.encode(), "b": value.encode()})
+    return True
