@@ -43,7 +43,7 @@ from fusevol.provision.hostpath import ClaimToProvision
 if TYPE_CHECKING:
     from fusevol.cache.desired import DesiredState
     from fusevol.cache.store import ObjectStore
-    from fusevol.model import Pod, Volume
+    from fusevol.model import Pod, PodUID, Volume
     from fusevol.provision.hostpath import HostPathProvisioner
 
 log = logging.getLogger(__name__)
@@ -64,6 +64,9 @@ class Populator:
         self._provisioner = provisioner
         self._has_added_pods = False
         self._to_provision: dict[ObjectKey, ClaimToProvision] = {}
+        self._resolved: dict[PodUID, Pod] = {}
+        """Pods resolved already whose volumes depend on nothing but the pod (no claim): while the
+        store holds the same object, resolving it again cannot change anything."""
 
     @property
     def has_added_pods(self) -> bool:
@@ -76,12 +79,20 @@ class Populator:
         pods = {pod.uid: pod for pod in self._store.pods()}
         for pod in self._desired.pods():
             if pod.uid not in pods:
+                self._resolved.pop(pod.uid, None)
                 self._desired.delete_pod(pod.uid)
                 log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         for pod in pods.values():
+            if self._resolved.get(pod.uid) is pod:
+                continue  # a pass of thousands of unchanged pods costs a lookup each
             volumes = tuple(self.resolve(pod, volume) for volume in pod.volumes)
             if self._desired.set_pod(pod, volumes):
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+            claims = (isinstance(v.source, PersistentVolumeClaimVolumeSource) for v in pod.volumes)
+            if not any(claims):
+                self._resolved[pod.uid] = pod
+            else:
+                self._resolved.pop(pod.uid, None)
         self._collect_selected_claims()
         if synced:
             self._has_added_pods = True
