@@ -1,15 +1,21 @@
-"""Benchmarks: `python -m bench` prints issue 7's table (bench/__main__.py)."""
+"""Benchmarks: `python -m bench` prints issue 7's table (bench/__main__.py).
+
+Every figure about the agent (RSS, fds, threads) is read from the agent proper, `agent_pid()`:
+the child of `fusevol run`'s launcher, never the launcher itself (which holds nothing).
+"""
 
 from __future__ import annotations
 
 import contextlib
 import subprocess
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
+
+    from tests.agent import AgentProcess
 
 AGENT_ARGS = ("--log-level", "info")
 """The agent as deployed: the test harness's default, debug, writes a line per operation."""
@@ -45,3 +51,30 @@ def tmpfs(path: Path) -> Iterator[Path]:
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+def agent_pid(agent: AgentProcess) -> int:
+    """The agent proper: the launcher's (`agent.process`) child, the process that serves FUSE.
+    AssertionError if it is not the launcher's child (so a figure never describes the launcher)."""
+    assert agent.process is not None
+    launcher = agent.process.pid
+    children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+    assert str(agent.pid) in children, f"agent {agent.pid} is not a child of {launcher}"
+    return agent.pid
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/<pid>/status as a dict of stripped values."""
+    lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    return {k: v.strip() for k, v in (line.split(":", 1) for line in lines)}
+
+
+def rss_mib(pid: int) -> float:
+    """Resident set size of process `pid`, in MiB."""
+    return int(proc_status(pid)["VmRSS"].split()[0]) / 1024
+
+
+def helper_pids(agent: AgentProcess) -> list[int]:
+    """The agent's own children (publisher and mount helpers), reported apart from it."""
+    pid = agent_pid(agent)
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]

@@ -7,6 +7,8 @@ Rows, each from one module of this package (run alone for details):
   3    update propagation, manifest save -> visible, p50/p99 of 100         update_latency.py
        and API write -> visible (a loopback API server), p50/p99 of 100     api_latency.py
   4    fan-out: N pods on one 256 KiB ConfigMap vs N AtomicWriter copies    fanout.py
+  4b   burst: 10 edits 0.2 s apart of a 64 KiB ConfigMap 2000 pods use,    burst.py
+       vs the same burst with 1 pod; with the 2000 pods' set-up time
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
   6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
 """
@@ -25,6 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (
     api_latency,
+    burst,
     cold_throughput,
     fanout,
     many_volumes,
@@ -54,6 +57,9 @@ def main() -> None:
     updates = update_latency.measure(edits)
     api_updates = api_latency.measure(edits)
     fan = [(n, fanout.fusevol(n), fanout.kubelet(n)) for n in fanout_pods]
+    burst_pods = 100 if args.quick else 2000
+    one_setup, one_burst, _, _ = burst.measure(1)
+    many_setup, many_burst, many_teardown, many_first = burst.measure(burst_pods)
     many = many_volumes.measure(100)
     cold = cold_throughput.measure(2000, 3 if args.quick else 5)
 
@@ -86,6 +92,21 @@ def main() -> None:
             f"{k_update * 1e3:.0f} ms, {k_bytes / 2**20:.0f} MiB written",
             f"{update / k_update:.2f}x the time",
         )
+    _row(
+        f"4b  burst of 10 edits, {burst_pods} pods: each visible",
+        f"median {statistics.median(many_burst) * 1e3:.0f} ms, max {max(many_burst) * 1e3:.0f} ms"
+        f" (pod 0: {statistics.median(many_first) * 1e3:.0f} ms)",
+        f"1 pod: median {statistics.median(one_burst) * 1e3:.0f} ms, "
+        f"max {max(one_burst) * 1e3:.0f}",
+        f"{statistics.median(many_burst) / statistics.median(one_burst):.2f}x the time (median)",
+    )
+    _row(
+        f"    set-up of {burst_pods} pods (one volume each)",
+        f"{many_setup / burst_pods * 1e3:.2f} ms/volume, tear-down "
+        f"{many_teardown / burst_pods * 1e3:.2f}",
+        f"1 pod: {one_setup * 1e3:.0f} ms",
+        f"{many_setup / burst_pods / one_setup:.2f}x the time per volume",
+    )
     _row(
         "5   one pod, 100 ConfigMap volumes: ready",
         f"{many.fusevol_s * 1e3:.0f} ms",

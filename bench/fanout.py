@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS, tmpfs
+from bench import AGENT_ARGS, agent_pid, rss_mib, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
@@ -50,13 +50,6 @@ spec:
     )
 
 
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    return float("nan")
-
-
 def switched(volume: Path, old: Path) -> Callable[[], bool]:
     return lambda: (volume / "..data").readlink() != old
 
@@ -68,8 +61,8 @@ def fusevol(n: int) -> tuple[float, float, float, float]:
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(configmap("a"))
         with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
-            assert agent.process is not None
-            base_rss = rss_mib(agent.process.pid)
+            pid = agent_pid(agent)
+            base_rss = rss_mib(pid)
             volumes = [
                 agent.volume(f"cccccccc-0000-4000-8000-{i:012d}", "configmap", "config")
                 for i in range(n)
@@ -81,7 +74,7 @@ def fusevol(n: int) -> tuple[float, float, float, float]:
             for volume in volumes:
                 wait_for((volume / "blob").exists, timeout_s=600, interval_s=0.01)
             setup = time.perf_counter() - started
-            rss = rss_mib(agent.process.pid)
+            rss = rss_mib(pid)
             before = {v: (v / "..data").readlink() for v in volumes}
             started = time.perf_counter()
             write_atomically(manifests / "cm.yaml", configmap("b"))

@@ -3,8 +3,9 @@
 The real agent on a temporary manifest directory. Each cycle: PODS pods appear (each with a
 configMap, a secret, a projected and an emptyDir volume), their ConfigMap and Secret are edited
 EDITS times while reader processes read every volume, then every pod goes. At the end of each
-cycle, once the agent is idle again, a checkpoint records what the agent holds: RSS, open file
-descriptors, threads, child processes, mounts under its root, FUSE tree inodes and staged nodes.
+cycle, once the agent is idle again, a checkpoint records what the agent holds (read from the
+agent proper, the launcher's child; its helpers' RSS apart): RSS, open file descriptors,
+threads, child processes, mounts under its root, FUSE tree inodes and staged nodes.
 Every checkpoint describes the same state (no pods), so fds, children, mounts and FUSE inodes
 must be equal at each; threads vary with trio's idle thread cache (its threads exit after 10 s
 idle), and RSS grows while the allocator warms up, so RSS must be flat over the second half.
@@ -26,18 +27,19 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, agent_pid, helper_pids, proc_status, rss_mib
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
 RSS_GROWTH_LIMIT_MIB = 2.0
 """Allowed RSS growth over the second half of the checkpoints: allocator noise, not a leak."""
-VARYING = ("rss_mib", "threads")
+VARYING = ("rss_mib", "helpers_rss_mib", "threads")
 """Not compared for equality (see the module docstring)."""
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     rss_mib: float
+    helpers_rss_mib: float
     fds: int
     threads: int
     children: int
@@ -78,18 +80,16 @@ def objects(version: int) -> str:
 
 
 def checkpoint(agent: AgentProcess) -> Checkpoint:
-    assert agent.process is not None
-    pid = agent.process.pid
-    status = dict(
-        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-    )
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    pid = agent_pid(agent)
+    status = proc_status(pid)
+    helpers = helper_pids(agent)
     tree = agent.snapshot()["statistics"]["fuse_tree"]
     return Checkpoint(
-        rss_mib=int(status["VmRSS"].split()[0]) / 1024,
+        rss_mib=rss_mib(pid),
+        helpers_rss_mib=sum(rss_mib(h) for h in helpers),
         fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=int(status["Threads"]),
-        children=len(children),
+        children=len(helpers),
         mounts=len(mounts_below(agent.root)) - 1,  # the agent's own FUSE mount
         inodes=tree["nodes"],
         staged=tree["staged"],

@@ -123,6 +123,9 @@ class Populator:
         same, so an unchanged pod costs one identity check."""
         self._has_added_pods = False
         self._to_provision: dict[ObjectKey, ClaimToProvision] = {}
+        self._resolved: dict[PodUID, Pod] = {}
+        """Pods resolved already whose volumes depend on nothing but the pod (no claim): while the
+        store holds the same object, resolving it again cannot change anything."""
 
     @property
     def has_added_pods(self) -> bool:
@@ -136,6 +139,7 @@ class Populator:
         self._accepted = {uid: self._accepted[uid] for uid in pods if uid in self._accepted}
         for pod in self._desired.pods():
             if pod.uid not in pods:
+                self._resolved.pop(pod.uid, None)
                 self._desired.delete_pod(pod.uid)
                 log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         if self._annotations is not None:
@@ -143,6 +147,8 @@ class Populator:
                 self._annotations.first_seen.retain(pods.keys())
             self._annotations.first_seen.save()  # before any volume shows a new time
         for pod in pods.values():
+            if self._resolved.get(pod.uid) is pod:
+                continue  # a pass of thousands of unchanged pods costs a lookup each
             volumes = (
                 tuple(self.resolve(pod, volume) for volume in pod.volumes)
                 if self._pod_volumes
@@ -150,6 +156,11 @@ class Populator:
             )
             if self._desired.set_pod(pod, volumes):
                 log.debug("pod added or updated pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+            claims = (isinstance(v.source, PersistentVolumeClaimVolumeSource) for v in pod.volumes)
+            if not any(claims):
+                self._resolved[pod.uid] = pod
+            else:
+                self._resolved.pop(pod.uid, None)
         for csi in self._desired.csi_volumes():
             self._desired.set_resolved(csi.name, self.resolve_csi(csi))
         self._collect_selected_claims()

@@ -1,5 +1,9 @@
-"""The real mount backend: mount(8) and umount(8) as subprocesses, /proc/self/mountinfo as truth.
+"""The real mount backend: mount(2)/umount2(2) for binds and unmounts, mount(8) for the rest,
+/proc/self/mountinfo as truth.
 
+Bind mounts (thousands per node: one per served pod volume) and unmounts are syscalls made from
+a worker thread (ctypes), not a mount(8) exec each: a path near a mount may reach a FUSE server,
+our own included, so never on the trio thread. Mounts that need a helper (nfs, ...) run mount(8).
 Commands run through trio with a timeout, so a hung mount helper (kubelet's hung-NFS problem)
 fails its own operation and blocks nothing else. Their argv is logged with sensitive options
 masked. A mount point whose server is gone answers ENOTCONN, ESTALE, EIO or EACCES to stat
@@ -9,6 +13,7 @@ lazily instead.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import logging
 import os
@@ -31,6 +36,23 @@ _MAX_STACK = 4096
 agent for a served volume: README, "Restarts")."""
 _NO_HELPER_FSTYPES = frozenset({None, "tmpfs"})
 """Mounts done by the kernel alone (bind, tmpfs): no helper process to keep alive."""
+
+
+_MS_RDONLY = 0x1
+_MS_NOSUID = 0x2
+_MS_NODEV = 0x4
+_MS_NOEXEC = 0x8
+_MS_REMOUNT = 0x20
+_MS_BIND = 0x1000
+_MS_SHARED = 1 << 20
+_MNT_FORCE = 0x1
+_MNT_DETACH = 0x2
+_KEPT_FLAGS = (  # statvfs f_flag bit (ST_*) -> the mount flag a read-only remount must keep
+    (os.ST_NOSUID, _MS_NOSUID),
+    (os.ST_NODEV, _MS_NODEV),
+    (os.ST_NOEXEC, _MS_NOEXEC),
+)
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class LinuxMountBackend:
@@ -86,17 +108,15 @@ class LinuxMountBackend:
     ) -> None:
         if self._is_bind_of(source, target) if stack else self.is_mount_point(target):
             return
-        # One mount(8) for the three mount(2) calls: the bind, the read-only remount (util-linux
-        # does it for `--bind -o ro`) and the propagation change. It does not stat the target: a
-        # dead FUSE mount there is a valid mount point.
-        argv = ["mount", "--bind", *(["-o", "ro"] if read_only else [])]
-        argv += [*(["--make-shared"] if stack else []), str(source), str(target)]
+        # What `mount --bind -o ro --make-shared` does, as three mount(2) calls. Nothing stats the
+        # target first: a dead FUSE mount there is a valid mount point.
+        log.debug(
+            "bind source=%s target=%s read_only=%s shared=%s", source, target, read_only, stack
+        )
         try:
-            await self._run(argv)
-        except MountError:
-            if self._is_bind_of(source, target):  # bound, then a later step failed
-                await self._run(["umount", "-l", str(target)])  # only the layer just added
-            raise
+            await trio.to_thread.run_sync(_bind, str(source), str(target), read_only, stack)
+        except OSError as exc:
+            raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
 
     async def unmount(self, target: Path, *, force: bool = False) -> None:
         for _ in range(_MAX_STACK):
@@ -105,11 +125,11 @@ class LinuxMountBackend:
             if force:
                 # MNT_FORCE calls the file system's umount_begin (FUSE: abort the connection)
                 # before MNT_DETACH: no stat, which would hang on a stuck server.
-                await self._run(["umount", "--force", "--lazy", str(target)])
+                await self._umount(target, _MNT_FORCE | _MNT_DETACH)
                 continue
             # stat() may reach a FUSE server, possibly our own: never on the trio thread.
             corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
-            await self._run(["umount", *(["-l"] if corrupted else []), str(target)])
+            await self._umount(target, _MNT_DETACH if corrupted else 0)
         raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
 
     def mount_points(self) -> tuple[MountPoint, ...]:
@@ -142,6 +162,18 @@ class LinuxMountBackend:
         root = os.path.normpath(os.path.join(holder.root, relative))
         return (top.device, top.root) == (holder.device, root)
 
+    async def _umount(self, target: Path, flags: int) -> None:
+        log.debug("umount2 target=%s flags=%#x", target, flags)
+        try:
+            with trio.fail_after(self._command_timeout_s):
+                await trio.to_thread.run_sync(_umount2, str(target), flags, abandon_on_cancel=True)
+        except trio.TooSlowError:
+            raise MountError(
+                f"umount {target}: timed out after {self._command_timeout_s:g}s"
+            ) from None
+        except OSError as exc:
+            raise MountError(f"umount {target}: {exc.strerror}") from exc
+
     async def _run(self, argv: list[str], *, shown: list[str] | None = None) -> None:
         printable = " ".join(shown or argv)
         log.debug("running %s", printable)
@@ -157,6 +189,38 @@ class LinuxMountBackend:
         if result.returncode != 0:
             output = (result.stderr or result.stdout).decode(errors="replace").strip()
             raise MountError(f"{printable}: exit status {result.returncode}: {output}")
+
+
+def _mount2(source: str | None, target: str, flags: int) -> None:
+    """mount(2) with no file system type and no data: binds and their remounts."""
+    encoded = None if source is None else os.fsencode(source)
+    if _libc.mount(encoded, os.fsencode(target), None, ctypes.c_ulong(flags), None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def _umount2(target: str, flags: int) -> None:
+    if _libc.umount2(os.fsencode(target), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def _bind(source: str, target: str, read_only: bool, shared: bool) -> None:
+    """1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
+    nosuid/nodev/noexec (a bind remount sets exactly the flags given); 3. if `shared`, make it a
+    shared mount. A failure after step 1 detaches the layer just added, and only it."""
+    _mount2(source, target, _MS_BIND)
+    try:
+        if read_only:
+            kept = os.statvfs(target).f_flag
+            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
+            flags |= sum(mount for st, mount in _KEPT_FLAGS if kept & st)
+            _mount2(None, target, flags)
+        if shared:
+            _mount2(None, target, _MS_SHARED)
+    except OSError:
+        _umount2(target, _MNT_DETACH)
+        raise
 
 
 def _systemd_is_init() -> bool:

@@ -8,7 +8,10 @@ pods is released first, between the two steps of the provisioner (`HostPathProvi
     (0) provision         claims a pod here waits for, of a class this node provisions
     (1) unmount_orphans   volumes set up on the node that no pod wants any more
     (2) serve_and_mount   volumes a pod wants that are not set up yet
-    (3) refresh           set-up volumes whose inputs (objects, pod spec) changed
+    (3) refresh           set-up volumes whose inputs (objects, pod spec) changed; of the
+                          volumes sharing one subtree, one publishes and the others only
+                          record the new inputs, without an operation (an edit of an object
+                          that 2000 pods use is one publish, not 2000 operations)
     (4) reclaim           provisioned volumes whose claim is gone: released, and deleted (policy
                           Delete) once no pod of this node uses them
 
@@ -157,7 +160,17 @@ class Reconciler:
                 )
 
     def refresh(self) -> None:
-        for volume in self._desired.volumes_to_serve():
+        """Step (3). A volume of a shared subtree waits while another of its users refreshes it
+        (one per subtree per pass); once that one has published, the next pass finds the others
+        current and records their new inputs."""
+        volumes = self._desired.volumes_to_serve()
+        refreshing = {  # shared subtrees an operation is working on
+            shared
+            for volume in volumes
+            if self._executor.is_pending(volume.name)
+            and (shared := self._volumes.shared_subtree(volume)) is not None
+        }
+        for volume in volumes:
             mounted = self._actual.get(volume.name)
             if (
                 mounted is None
@@ -166,11 +179,22 @@ class Reconciler:
             ):
                 continue
             inputs = self._volumes.inputs(volume)
-            if inputs != mounted.inputs:
-                refresh = functools.partial(self._refresh, volume, mounted)
+            if inputs == mounted.inputs:
+                continue
+            if self._volumes.is_current(volume, inputs):
+                self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
+                continue
+            shared = self._volumes.shared_subtree(volume)
+            if shared is not None and shared in refreshing:
+                continue
+            refresh = functools.partial(self._refresh, volume, mounted)
+            if (
                 self._start(
                     volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
                 )
+                and shared is not None
+            ):
+                refreshing.add(shared)
 
     async def unmount_all(self) -> None:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
@@ -217,13 +241,16 @@ class Reconciler:
         *,
         inputs: Hashable = None,
         subject: str = "",
-    ) -> None:
+    ) -> bool:
+        """Start the operation; False if the executor refused (pending, or in backoff)."""
         try:
             self._executor.start(name, operation, run, inputs=inputs, subject=subject)
         except FusevolError as exc:
             if not is_expected(exc):
                 raise
             log.debug("%s not started volume=%s: %s", operation, name, exc)
+            return False
+        return True
 
     async def _follow_store(self) -> None:
         generation = self._store.generation

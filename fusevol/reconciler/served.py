@@ -76,6 +76,11 @@ ROOT_MODES = {
 }
 
 
+SHARED = b"shared-"
+"""The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
+_NOTHING = object()
+
+
 class ServedVolumes:
     def __init__(
         self,
@@ -100,6 +105,9 @@ class ServedVolumes:
         self._subtree_of: dict[tuple[PodUID, str], bytes] = {}
         self._covered: dict[tuple[PodUID, str], list[bytes]] = {}
         """Subtrees still bound below a volume's top bind, after its spec changed (`refresh`)."""
+        self._published: dict[bytes, Hashable] = {}
+        """Each shared subtree's inputs at its last publish: a user whose inputs are these is
+        current already (`is_current`), however many pods share it."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
 
@@ -116,13 +124,26 @@ class ServedVolumes:
         pod = volume.pod if _uses_downward_api(volume) else None
         return (volume.source, volume.pod.fs_group, pod, *self._object_versions(volume))
 
+    def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
+        """The shared subtree the volume is bound to, if it is shared and still the right one."""
+        name = self._subtree_of.get((volume.pod.uid, volume.spec_name))
+        if name is None or not name.startswith(SHARED) or name != subtree_name(volume):
+            return None
+        return name
+
+    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
+        """True if the volume's shared subtree was published from `inputs` already (by another
+        user's refresh): nothing of this pod volume is to do, only its inputs to record."""
+        name = self.shared_subtree(volume)
+        return name is not None and self._published.get(name, _NOTHING) == inputs
+
     async def set_up(self, volume: VolumeToServe) -> Hashable:
         """Serve the volume at its pod volume directory; returns the inputs it was built from."""
         inputs = self.inputs(volume)  # before rendering: a change while we work means a refresh
         payload = self.render(volume)
         target = self.path(volume)
         try:
-            await self._serve(volume, payload, subtree_name(volume))
+            await self._serve(volume, payload, subtree_name(volume), inputs)
             if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
                 await trio.to_thread.run_sync(mkdir_all, target, 0o750)
             await self._bind(volume, target)
@@ -143,12 +164,12 @@ class ServedVolumes:
             # of the subtree it shares. Served from the right one, bound on top of the old bind,
             # which goes with the volume (`tear_down` unmounts the whole stack, then releases
             # the subtrees below: a subtree is never removed while a bind of it remains).
-            await self._serve(volume, payload, name)
+            await self._serve(volume, payload, name, inputs)
             await self._bind(volume, self.path(volume))
             self._covered.setdefault(user, []).append(bound)
             return inputs
         async with self._locks[name]:
-            published = await self._publish(name, volume, payload)
+            published = await self._publish(name, volume, payload, inputs)
         if published:
             keys = [*_referenced_objects(volume), volume.pod.key]
             changes = [t for t in map(self._store.changed_at, keys) if t is not None]
@@ -165,7 +186,9 @@ class ServedVolumes:
             await self._release(user, covered)
         await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
 
-    async def _serve(self, volume: VolumeToServe, payload: Payload, name: bytes) -> None:
+    async def _serve(
+        self, volume: VolumeToServe, payload: Payload, name: bytes, inputs: Hashable
+    ) -> None:
         """Make subtree `name` (created if needed) hold `payload`, with `volume` among its users."""
         assert volume.plugin is not None
         fs_group = volume.pod.fs_group
@@ -180,7 +203,7 @@ class ServedVolumes:
             )
             self._users.setdefault(name, set()).add(user)
             self._subtree_of[user] = name
-            await self._publish(name, volume, payload)
+            await self._publish(name, volume, payload, inputs)
 
     async def _bind(self, volume: VolumeToServe, target: Path) -> None:
         # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
@@ -200,18 +223,25 @@ class ServedVolumes:
         async with lock:
             if not self._users.get(name):  # nobody came meanwhile
                 self._users.pop(name, None)
+                self._published.pop(name, None)
                 await self._publisher.remove_volume(name)
         if not lock.locked():  # else handed over to a waiting set-up
             self._locks.pop(name, None)
 
-    async def _publish(self, name: bytes, volume: VolumeToServe, payload: Payload) -> bool:
+    async def _publish(
+        self, name: bytes, volume: VolumeToServe, payload: Payload, inputs: Hashable
+    ) -> bool:
         fs_group = volume.pod.fs_group
-        return await self._publisher.publish(
+        self._published.pop(name, None)  # unknown until this publish has succeeded
+        published = await self._publisher.publish(
             name,
             ownership.apply_fs_group(payload, fs_group),
             gid=fs_group,
             dir_mode=ownership.dir_mode(0o755, fs_group),
         )
+        if name.startswith(SHARED):
+            self._published[name] = inputs
+        return published
 
     def render(self, volume: VolumeToServe) -> Payload:
         """The volume's payload, or VolumeSetupError / InvalidPayload naming what is wrong."""
@@ -275,7 +305,7 @@ def subtree_name(volume: VolumeToServe) -> bytes:
         volume.pod.fs_group,
         nested_mountpoints(volume),
     )
-    return b"shared-" + hashlib.sha256(repr(spec).encode()).hexdigest()[:32].encode()
+    return SHARED + hashlib.sha256(repr(spec).encode()).hexdigest()[:32].encode()
 
 
 def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:

@@ -66,6 +66,21 @@ class Volumes:
             return self.served.inputs(volume)
         return (volume.source, volume.read_only, volume.mount_options)
 
+    def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
+        """The subtree the volume shares with other pods' volumes (None: not shared)."""
+        if volume.plugin is None or not volume.plugin.served_from_memory:
+            return None
+        return self.served.shared_subtree(volume)
+
+    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
+        """True if the volume's content is built from `inputs` already (a shared subtree that
+        another pod's refresh published): its refresh is only to record them (`refreshed`)."""
+        return self.shared_subtree(volume) is not None and self.served.is_current(volume, inputs)
+
+    def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
+        """`mounted`, now built from `inputs`."""
+        return dataclasses.replace(mounted, inputs=inputs, updated_at=time.time())
+
     def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
         """The resourceVersion of every object the volume is built from (None: missing)."""
         if volume.plugin is None or not volume.plugin.served_from_memory:
@@ -95,7 +110,7 @@ class Volumes:
             inputs = await self.served.refresh(volume)
         else:
             inputs = self.inputs(volume)
-        return dataclasses.replace(mounted, inputs=inputs, updated_at=time.time())
+        return self.refreshed(mounted, inputs)
 
     async def tear_down(self, mounted: MountedVolume) -> None:
         if mounted.plugin.served_from_memory:

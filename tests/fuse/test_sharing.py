@@ -64,6 +64,7 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
         assert os.stat(volume / "..data" / "a").st_gid == 2000
 
     before = publishes(agent)
+    log_offset = len(agent.log_text())
     write_atomically(manifests / "configmap.yaml", configmap(a="2"))
     for volume in [*volumes, agent.volume(POD_UID, "configmap", "config")]:
         wait_for(lambda v=volume: (v / "a").read_text() == "2")  # type: ignore[misc]
@@ -72,6 +73,14 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
     time.sleep(0.5)
     assert publishes(agent) - before == 2
     assert len({(v / "..data").readlink() for v in volumes}) == 1
+    # One refresh operation for the shared subtree (the other users only record the new inputs,
+    # issue 18), and one for the fixture pod's own: per-pod work does not grow with the pods.
+    updated = [
+        line
+        for line in agent.log_text()[log_offset:].splitlines()
+        if "volume updated" in line and "configmap" in line
+    ]
+    assert len(updated) == 2, updated
 
     # A pod that goes leaves the others served; the last one takes the subtree with it.
     for i, uid in enumerate(UIDS):

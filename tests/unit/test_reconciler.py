@@ -109,6 +109,15 @@ class FakeVolumes:
     def inputs(self, volume: VolumeToServe) -> Hashable:
         return self._real.inputs(volume)
 
+    def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
+        return None  # no FUSE here: every volume is its own
+
+    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
+        return False
+
+    def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
+        return self._real.refreshed(mounted, inputs)
+
     async def set_up(self, volume: VolumeToServe) -> MountedVolume:
         self._record("set_up", volume.name)
         if volume.plugin is None:
