@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.agent import AgentProcess, mounts_below, wait_for, write_atomically
-from tests.containerd.runtime import Containerd, LineClock, bind, build_rootfs, needs_containerd
+from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
 from tests.faults.support import HEALTHY_CONFIGMAP, HEALTHY_UID, force_stop, write_healthy
 
 if TYPE_CHECKING:
@@ -36,36 +36,6 @@ CHANGE_LOOP = (
     'last=; while :; do v=$(cat /etc/config/a 2>&1); if [ "$v" != "$last" ]; then echo "$v";'
     " last=$v; fi; usleep 500; done >> /out/changes"
 )
-
-
-@pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    daemon = Containerd(tmp_path_factory.mktemp("containerd"))
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_rootfs(tmp_path_factory.mktemp("rootfs"))
-
-
-@pytest.fixture
-def report(
-    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
-) -> Callable[[str], None]:
-    """Show a measured figure on the terminal (even without -s) and append it to
-    `<basetemp>/containerd-figures.txt`, where it stays after the run."""
-
-    def show(line: str) -> None:
-        with (tmp_path_factory.getbasetemp() / "containerd-figures.txt").open("a") as f:
-            f.write(line + "\n")
-        with capsys.disabled():
-            print(f"\n[containerd] {line}")
-
-    return show
 
 
 @pytest.fixture

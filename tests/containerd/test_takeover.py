@@ -23,7 +23,7 @@ import pytest
 
 from fusevol.fuse.session import can_take_over
 from tests.agent import AgentProcess, pid_alive, wait_for, write_atomically
-from tests.containerd.runtime import Containerd, LineClock, bind, build_rootfs, needs_containerd
+from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
 from tests.faults.support import (
     HEALTHY_CONFIGMAP,
     HEALTHY_UID,
@@ -33,7 +33,7 @@ from tests.faults.support import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
 pytestmark = [
@@ -51,33 +51,6 @@ READ_LOOP = (
     " || echo fail; usleep 20000; done >> /out/reads 2>> /out/errors"
 )
 """`ls` always reaches the FUSE server (opendir); `..data` is resolved once per round."""
-
-
-@pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    daemon = Containerd(tmp_path_factory.mktemp("containerd"))
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="module")
-def rootfs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_rootfs(tmp_path_factory.mktemp("rootfs"))
-
-
-@pytest.fixture
-def report(
-    tmp_path_factory: pytest.TempPathFactory, capsys: pytest.CaptureFixture[str]
-) -> Callable[[str], None]:
-    def show(line: str) -> None:
-        with (tmp_path_factory.getbasetemp() / "containerd-figures.txt").open("a") as f:
-            f.write(line + "\n")
-        with capsys.disabled():
-            print(f"\n[containerd] {line}")
-
-    return show
 
 
 def configmap(value: str) -> str:
