@@ -8,7 +8,8 @@
      ├── MountError             mount(8)/umount(8) failed; carries the (masked) argv and output
      └── OperationNotStarted    the executor did not start an operation (expected, see below)
           ├── AlreadyPending    an operation on that volume is in flight
-          └── InBackoff         that volume failed recently and waits for its next retry
+          ├── InBackoff         that volume failed recently and waits for its next retry
+          └── ExecutorStopped   the agent is stopping: no new operation starts
 
 `is_expected(exc)` separates what is logged at DEBUG (the reconciler will simply come back) from
 what deserves an ERROR line. Call sites never repeat that condition.
@@ -51,6 +52,10 @@ class AlreadyPending(OperationNotStarted):
 
 class InBackoff(OperationNotStarted):
     """The volume's last operation failed and its retry time has not come yet."""
+
+
+class ExecutorStopped(OperationNotStarted):
+    """The executor is not running (the agent is stopping, or not started yet)."""
 
 
 def is_expected(exc: BaseException) -> bool:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.errors import AlreadyPending, FusevolError, InBackoff, is_expected
+from fusevol.errors import AlreadyPending, ExecutorStopped, FusevolError, InBackoff, is_expected
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable
@@ -84,8 +84,11 @@ class Executor:
         """Host the operations until cancelled (which cancels those in flight)."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
-            task_status.started()
-            await trio.sleep_forever()
+            try:
+                task_status.started()
+                await trio.sleep_forever()
+            finally:  # cancelled (a stop): the nursery takes no new operation from here on
+                self._nursery = None
 
     def start(
         self,
@@ -96,10 +99,11 @@ class Executor:
         inputs: Hashable = None,
         subject: str = "",
     ) -> None:
-        """Start `run` for volume `name`, or raise AlreadyPending / InBackoff.
+        """Start `run` for volume `name`, or raise AlreadyPending / InBackoff / ExecutorStopped.
 
         `subject` ends the failure's log line: the pod and where it came from."""
-        assert self._nursery is not None, "Executor.run() is not running"
+        if self._nursery is None:  # a reconcile pass that ran on during a stop
+            raise ExecutorStopped(f"not starting {operation} of {name}: the executor is stopped")
         status = self._status.setdefault(name, VolumeOperationStatus())
         if status.pending:
             raise AlreadyPending(f"an operation on {name} is in progress")

@@ -25,8 +25,8 @@ def test_bench_helpers_read_the_agent_not_the_launcher(agent: AgentProcess) -> N
     assert pid != launcher
     assert int(bench.proc_status(pid)["PPid"]) == launcher
     assert _holds_dev_fuse(pid)  # it serves the FUSE mount
-    # The launcher holds a duplicate of the connection too (for a takeover: docs/fuse.md fact
-    # 12) and has imported the agent's modules before forking (its RSS is no smaller), so what
+    # The launcher holds a duplicate of the connection too (for a takeover, docs/fuse.md
+    # fact 12) and has imported the agent's modules before forking (its RSS is no smaller), so what
     # tells them apart is the parentage above and the threads: only the agent runs trio's.
     assert int(bench.proc_status(pid)["Threads"]) > int(bench.proc_status(launcher)["Threads"])
     assert launcher not in bench.helper_pids(agent)

@@ -14,7 +14,13 @@ import pytest
 import trio
 import trio.testing
 
-from fusevol.errors import AlreadyPending, InBackoff, VolumeSetupError
+from fusevol.errors import (
+    AlreadyPending,
+    ExecutorStopped,
+    InBackoff,
+    VolumeSetupError,
+    is_expected,
+)
 from fusevol.model import UniqueVolumeName
 from fusevol.reconciler.executor import Executor
 
@@ -358,3 +364,17 @@ async def test_forget(autojump_clock: trio.testing.MockClock, executor: Executor
     assert executor.status(NAME) is None
     executor.forget(NAME)  # unknown: no-op
     assert executor.status(NAME) is None
+
+
+async def test_a_stopped_executor_refuses_new_operations_as_expected() -> None:
+    """A stop cancels the executor while a reconcile pass may still run (the agent stopped during
+    its start-up): the pass's operations are refused with an expected error, not a crash."""
+    executor = Executor(initial_backoff_s=0.5, max_backoff_s=4.0)
+    with pytest.raises(ExecutorStopped):
+        executor.start(NAME, "mount", Operation())  # not running yet
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        nursery.cancel_scope.cancel()
+    with pytest.raises(ExecutorStopped, match="stopped") as refused:
+        executor.start(NAME, "mount", Operation())
+    assert is_expected(refused.value)
