@@ -4,11 +4,30 @@ Imports nothing heavy: `fusevol run`'s launcher uses it before it forks the agen
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+
+def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = False) -> None:
+    """Write `data` to `path` atomically: a temporary file beside it (created anew with `mode`,
+    less the umask), then a rename over `path`; a reader sees the old file or the new one, never
+    part of either. With `fsync` the data is on disk before the rename (state that must survive
+    a crash of the node, not only of the agent). Creates `path`'s directory if missing."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # left by a crash, maybe with another mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)
 
 
 def mkdir_all(path: Path, mode: int) -> None:

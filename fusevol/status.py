@@ -24,7 +24,7 @@ import trio
 
 from fusevol import layout
 from fusevol.cache.actual import MountState
-from fusevol.fsutil import flock_held
+from fusevol.fsutil import flock_held, replace_file
 from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:
@@ -69,7 +69,8 @@ class StatusReporter:
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            await trio.to_thread.run_sync(_write_atomically, self._path, self.snapshot())
+            text = json.dumps(self.snapshot(), indent=1)
+            await trio.to_thread.run_sync(replace_file, self._path, text.encode())
             await trio.sleep(self._min_interval_s)
 
     def snapshot(self) -> dict[str, Any]:
@@ -268,13 +269,6 @@ def render(status: dict[str, Any]) -> str:
                 line += f"  (retry in {volume['next_retry_in_s']:.1f}s)"
             lines.append(line)
     return "\n".join(lines)
-
-
-def _write_atomically(path: Path, data: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def _alive(pid: int) -> bool:

@@ -27,11 +27,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fusevol.fsutil import replace_file
 from fusevol.model import PodUID
 
 if TYPE_CHECKING:
@@ -78,7 +78,7 @@ class FirstSeen:
             return
         document = {"seen": dict(sorted(self._seen.items()))}
         try:
-            _write(self._path, json.dumps(document, indent=1).encode())
+            replace_file(self._path, json.dumps(document, indent=1).encode())
         except OSError as exc:
             log.error("cannot record first-seen times path=%s error=%s", self._path, exc)
             return
@@ -130,11 +130,3 @@ def go_timestamp(ns: int) -> str:
         minutes = abs(offset) // 60
         zone = f"{sign}{minutes // 60:02d}:{minutes % 60:02d}"
     return f"{time.strftime('%Y-%m-%dT%H:%M:%S', local)}.{fraction:09d}{zone}"
-
-
-def _write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)

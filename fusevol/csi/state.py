@@ -9,12 +9,12 @@ replaced atomically (write, fsync, rename), mode 0600.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fusevol.fsutil import replace_file
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -63,13 +63,5 @@ def save(path: Path, records: Iterable[Record]) -> None:
             for r in records
         ]
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    text = json.dumps(data, indent=1, sort_keys=True)
+    replace_file(path, text.encode(), mode=0o600, fsync=True)

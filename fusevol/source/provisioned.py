@@ -23,15 +23,16 @@ Excludes: deciding what to provision or reclaim (`fusevol.provision`), the manif
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
-import os
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError, VolumeSetupError
+from fusevol.fsutil import replace_file
 from fusevol.model import LocalVolumeSource, PersistentVolume, ResourceVersion
 
 if TYPE_CHECKING:
@@ -108,7 +109,9 @@ class ManifestVolumeRecorder:
             "items": [to_document(pv) for pv in sorted(volumes.values(), key=lambda v: v.name)],
         }
         try:
-            await trio.to_thread.run_sync(_write_atomically, self._path, document)
+            text = json.dumps(document, indent=1)
+            write = functools.partial(replace_file, self._path, text.encode(), fsync=True)
+            await trio.to_thread.run_sync(write)
         except OSError as exc:
             raise VolumeSetupError(
                 f"cannot record provisioned volumes in {self._path}: {exc}"
@@ -142,13 +145,3 @@ def to_document(pv: PersistentVolume) -> dict[str, Any]:
     if pv.annotations:
         metadata["annotations"] = dict(pv.annotations)
     return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": spec}
-
-
-def _write_atomically(path: Path, document: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(document, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
