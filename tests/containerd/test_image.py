@@ -57,15 +57,6 @@ pytestmark = [
 
 
 @pytest.fixture(scope="module")
-def containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    daemon = Containerd(tmp_path_factory.mktemp("containerd-image"))
-    try:
-        yield daemon
-    finally:
-        daemon.stop()
-
-
-@pytest.fixture(scope="module")
 def image(containerd: Containerd, tmp_path_factory: pytest.TempPathFactory) -> str:
     """Build the image (cached by .ci/image) and import it: the image's name in `containerd`."""
     started = time.monotonic()
