@@ -5,7 +5,14 @@
 until it is ready, and on `stop()` sends SIGINT (the tearing-down stop) and checks that it exited 0
 and left no mount below its root; `hand_over()` sends SIGTERM (the stop that leaves the pod
 volumes mounted, and served by a lame duck, until the next agent has stacked its binds). The log
-goes to a file the tests can read (`log_text()`).
+goes to a file the tests can read (`log_text()`, `LogTail`).
+
+As tests/conftest.py does for in-process logs, an agent's log lines at WARNING or above (and any
+traceback) fail the test during which they were logged, unless the test said it expects them
+(`expect_log`): tests/conftest.py checks every agent started (`STARTED`) after each test that
+passed, and `running_agent` when its body ends without an error of its own. `running_agent` also
+makes sure the agent is gone and nothing is left mounted below its root, whatever state the test
+left it in (a hung agent's FUSE connection is aborted, so a fault test cannot hang the suite).
 
 `process` is `fusevol run`'s main process, the launcher (fusevol/launcher.py), which signals and
 exit statuses concern; `pid` is the agent proper, its child, which serves FUSE and may outlive it
@@ -27,6 +34,7 @@ import urllib.error
 import urllib.request
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol import layout
@@ -87,6 +95,9 @@ class AgentProcess:
         self._extra_args = extra_args
         self._env = None if env is None else {**os.environ, **env}
         self.process: subprocess.Popen[bytes] | None = None
+        self._log_checked: int | None = None
+        """Where in the log the next check for unexpected lines starts (bytes)."""
+        self._expected_log: list[re.Pattern[str]] = []
         self.pid = 0
         """The agent proper (the launcher's child): known once `start()` returns."""
 
@@ -110,6 +121,9 @@ class AgentProcess:
         # A restart on the same root appends to the same log and finds the last status file:
         # only what this process writes counts.
         offset = len(self.log_text())
+        if self._log_checked is None:
+            self._log_checked = len(self.log_text().encode())
+            STARTED.append(self)
         layout.status_file(self.root).unlink(missing_ok=True)
         log = open(self.log_path, "ab")  # noqa: SIM115 - handed to the child
         self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=self._env)
@@ -140,6 +154,29 @@ class AgentProcess:
         if self.process.poll() is not None:
             raise RuntimeError(f"agent exited with {self.process.returncode}:\n{self.log_text()}")
         return False
+
+    def expect_log(self, *patterns: str) -> AgentProcess:
+        """Say that log lines at WARNING or above matching any of `patterns` (regular
+        expressions, searched in the line) are expected: they do not fail the test."""
+        self._expected_log.extend(re.compile(p) for p in patterns)
+        return self
+
+    def take_unexpected_log_lines(self) -> list[str]:
+        """This agent's WARNING/ERROR/CRITICAL lines and tracebacks that no `expect_log` covers,
+        logged since the last call (whole lines only)."""
+        try:
+            with open(self.log_path, "rb") as f:
+                f.seek(self._log_checked or 0)
+                chunk = f.read()
+        except FileNotFoundError:
+            return []
+        end = chunk.rfind(b"\n") + 1
+        self._log_checked = (self._log_checked or 0) + end
+        return [
+            line
+            for line in chunk[:end].decode(errors="replace").splitlines()
+            if _PROBLEM.search(line) and not any(p.search(line) for p in self._expected_log)
+        ]
 
     def log_text(self) -> str:
         try:
@@ -240,21 +277,115 @@ class AgentProcess:
         return self.fuse_mountpoint() / roots[-1].lstrip("/")
 
 
+_PROBLEM = re.compile(
+    r"^<[234]>|^\d\d:\d\d:\d\d\.\d{3} (WARNING|ERROR|CRITICAL) |^Traceback \(most recent"
+)
+"""A log line that fails a test unless expected (the plain format, or journald's priorities)."""
+
+
+STARTED: list[AgentProcess] = []
+"""Every agent started (by any test): tests/conftest.py checks their logs after each test."""
+
+
+def fail_on_unexpected_log_lines(agents: list[AgentProcess]) -> None:
+    """Fail the test if one of `agents` logged an unexpected line since the last check."""
+    unexpected = [line for agent in agents for line in agent.take_unexpected_log_lines()]
+    if unexpected:
+        pytest.fail(
+            "unexpected agent log lines at WARNING or above:\n" + "\n".join(unexpected[:20]),
+            pytrace=False,
+        )
+
+
 @contextlib.contextmanager
 def running_agent(
-    manifests: Path | None, root: Path, *extra_args: str, env: dict[str, str] | None = None
+    manifests: Path | None,
+    root: Path,
+    *extra_args: str,
+    env: dict[str, str] | None = None,
+    expect_log: tuple[str, ...] = (),
 ) -> Iterator[AgentProcess]:
+    """An agent started on `manifests` (see `AgentProcess`), checked and removed at the end.
+
+    `expect_log`: patterns of the WARNING/ERROR lines the test provokes (see `expect_log()`);
+    a test can also declare them later on the agent it gets.
+    """
     agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env)
+    agent.expect_log(*expect_log)
     try:
-        yield agent.start()  # inside: an agent that fails to get ready is stopped too
+        yield agent.start()  # inside: an agent that fails to get ready is removed too
+        fail_on_unexpected_log_lines([agent])
     finally:
         if agent.process is not None and agent.process.poll() is None:
-            agent.stop(check_clean=False)
-        if agent.pid and agent.agent_alive():  # a lame duck nobody released
+            agent.process.send_signal(signal.SIGINT)  # the tearing-down stop, if it still can
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                agent.process.wait(timeout=10)
+        force_stop(agent)
+
+
+def force_stop(agent: AgentProcess, *, patience_s: float = 1.5) -> None:
+    """Make sure `agent` is gone and nothing is mounted below its root, whatever state it is in.
+
+    A SIGKILLed agent can be left with a thread waiting on its own FUSE mount (see
+    tests/fuse/test_faults.py): it never exits until the connection is aborted, which
+    `umount -f` does for FUSE even when it then answers "target is busy". Only a lazy unmount
+    of the rest follows.
+    """
+    process = agent.process
+    if process is not None and process.poll() is None:
+        process.kill()
+        process.wait(timeout=10)
+    if agent.pid and agent.agent_alive():  # a lame duck, or an agent dying with its launcher
+        with contextlib.suppress(ProcessLookupError):
             os.kill(agent.pid, signal.SIGKILL)
+        try:
+            agent.wait_agent_gone(patience_s)
+        except subprocess.TimeoutExpired:
+            abort_fuse_connection(agent)
             agent.wait_agent_gone(10)
-        for path in reversed(mounts_below(root)):
-            subprocess.run(["umount", "-l", path], check=False)
+    for path in reversed(mounts_below(agent.root)):
+        subprocess.run(["umount", "-l", path], check=False)
+
+
+def abort_fuse_connection(agent: AgentProcess) -> None:
+    """`umount -f` of the agent's FUSE mount: the kernel aborts the connection (fuse_umount_begin)
+    even if the unmount itself then fails as busy."""
+    mountpoint = str(agent.fuse_mountpoint())
+    subprocess.run(["umount", "-f", mountpoint], check=False, capture_output=True)
+
+
+class LogTail:
+    """Reads an agent log incrementally, so a long test does not re-read the whole file."""
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._offset = path.stat().st_size if path.exists() else 0
+        self.text = ""
+
+    def read_new(self) -> str:
+        try:
+            with open(self._path, "rb") as f:
+                f.seek(self._offset)
+                chunk = f.read()
+        except FileNotFoundError:
+            return ""
+        # Only whole lines: a line being written is read on the next call.
+        end = chunk.rfind(b"\n") + 1
+        self._offset += end
+        new = chunk[:end].decode(errors="replace")
+        self.text += new
+        return new
+
+    def wait_line(self, *parts: str, timeout_s: float = 10.0) -> str:
+        """The first new line (since this tail started) holding every one of `parts`."""
+
+        def probe() -> str | None:
+            self.read_new()
+            return next(
+                (line for line in self.text.splitlines() if all(p in line for p in parts)), None
+            )
+
+        return wait_for(probe, timeout_s=timeout_s, interval_s=0.005)
 
 
 def pid_alive(pid: int) -> bool:

@@ -2,7 +2,8 @@
 
 For unit tests of what sits above the backend (volume plugins, reconstruction, the reconciler):
 they check the exact actions without root, and the Protocol's idempotency rules hold as they do
-for the real backend (`fusevol.mount.linux`), which tests/privileged checks on real mounts.
+for the real backend (`fusevol.mount.linux`), which tests/fuse/test_mount_plugins.py checks on
+real mounts.
 mypy proves the fake conforms to `MountBackend` (the `_check` below), as mount-utils'
 `var _ Interface = &FakeMounter{}` does.
 """

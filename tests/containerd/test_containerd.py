@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import AgentProcess, mounts_below, wait_for, write_atomically
+from tests.agent import AgentProcess, force_stop, mounts_below, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
-from tests.faults.support import HEALTHY_CONFIGMAP, HEALTHY_UID, force_stop, write_healthy
+from tests.manifests import POD_UID, configmap, write_pod_set
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -42,7 +42,7 @@ CHANGE_LOOP = (
 def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
-    write_healthy(manifests)
+    write_pod_set(manifests)
     running = _start(manifests, tmp_path / "root", 0)
     try:
         yield running
@@ -57,15 +57,15 @@ def _start(manifests: Path, root: Path, generation: int) -> AgentProcess:
     if agent.log_path.exists():
         agent.log_path.rename(agent.log_path.with_name(f"{agent.log_path.name}.{generation}"))
     agent.start()
-    agent.wait_state(HEALTHY_UID, "config", "mounted")
-    agent.wait_state(HEALTHY_UID, "creds", "mounted")
+    agent.wait_state(POD_UID, "config", "mounted")
+    agent.wait_state(POD_UID, "creds", "mounted")
     return agent
 
 
 def _volume_mounts(agent: AgentProcess, out: Path, propagation: str = "rslave") -> list[str]:
     return [
-        bind(agent.volume(HEALTHY_UID, "configmap", "config"), "/etc/config", "ro", propagation),
-        bind(agent.volume(HEALTHY_UID, "secret", "creds"), "/etc/creds", "ro", propagation),
+        bind(agent.volume(POD_UID, "configmap", "config"), "/etc/config", "ro", propagation),
+        bind(agent.volume(POD_UID, "secret", "creds"), "/etc/creds", "ro", propagation),
         bind(out, "/out", "rw"),
     ]
 
@@ -115,9 +115,7 @@ def test_volumes_as_a_container_sees_them(
         latencies = []
         for i in range(20):
             started = time.monotonic()
-            write_atomically(
-                agent.manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("alpha", f"v{i}")
-            )
+            write_atomically(agent.manifests / "configmap.yaml", configmap(a=f"v{i}"))
             latencies.append(clock.wait_for(f"v{i}", after=started, timeout_s=5) - started)
     finally:
         clock.close()

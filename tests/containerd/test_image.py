@@ -31,7 +31,7 @@ import fusevol
 from fusevol import layout
 from tests.agent import NODE, mounts_below, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, bind, build_rootfs, needs_containerd
-from tests.faults.support import HEALTHY_CONFIGMAP, HEALTHY_UID, write_healthy
+from tests.manifests import POD_UID, configmap, write_pod_set
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -229,7 +229,7 @@ class DaemonSetPod:
             states = {
                 volume["name"]: volume["state"]
                 for pod in status["pods"]
-                if pod["uid"] == HEALTHY_UID
+                if pod["uid"] == POD_UID
                 for volume in pod["volumes"]
             }
             return states == {"config": "mounted", "creds": "mounted"}
@@ -266,9 +266,9 @@ def test_daemonset_container_serves_the_host_and_hands_over(
     root = shared_root
     manifests = tmp_path / "manifests"
     manifests.mkdir()
-    write_healthy(manifests)
-    config = root / "pods" / HEALTHY_UID / "volumes" / "kubernetes.io~configmap" / "config"
-    creds = root / "pods" / HEALTHY_UID / "volumes" / "kubernetes.io~secret" / "creds"
+    write_pod_set(manifests)
+    config = root / "pods" / POD_UID / "volumes" / "kubernetes.io~configmap" / "config"
+    creds = root / "pods" / POD_UID / "volumes" / "kubernetes.io~secret" / "creds"
     agent = DaemonSetPod(containerd, image, root, manifests)
     app = ""
     try:
@@ -292,7 +292,7 @@ def test_daemonset_container_serves_the_host_and_hands_over(
         assert containerd.exec(app, "cat", "/etc/creds/token", user=1000).returncode != 0
 
         # An edit of the ConfigMap shows through, on the host and in the container.
-        write_atomically(manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("alpha", "edited"))
+        write_atomically(manifests / "configmap.yaml", configmap(a="edited"))
         wait_for(lambda: (config / "a").read_bytes() == b"edited")
         wait_for(lambda: containerd.exec(app, "cat", "/etc/config/a").stdout == "edited")
 

@@ -22,15 +22,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fusevol.fuse.session import can_take_over
-from tests.agent import AgentProcess, pid_alive, wait_for, write_atomically
+from tests.agent import AgentProcess, force_stop, pid_alive, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
-from tests.faults.support import (
-    HEALTHY_CONFIGMAP,
-    HEALTHY_UID,
-    check_one_complete_version,
-    force_stop,
-    write_healthy,
-)
+from tests.manifests import POD_UID, write_pod_set
+from tests.manifests import configmap as pod_set_configmap
+from tests.served import check_one_complete_version
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,7 +50,7 @@ READ_LOOP = (
 
 
 def configmap(value: str) -> str:
-    return HEALTHY_CONFIGMAP.replace('"alpha"', f'"{value}"').replace('"beta"', f'"{value}"')
+    return pod_set_configmap(a=value, b=value)
 
 
 def children(launcher: int) -> list[int]:
@@ -75,8 +71,8 @@ def test_plain_binds_read_through_every_takeover(
 ) -> None:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
-    write_healthy(manifests)
-    (manifests / "app.yaml").write_text(configmap("v0"))
+    write_pod_set(manifests)
+    (manifests / "configmap.yaml").write_text(configmap("v0"))
     out, slave_out = tmp_path / "out", tmp_path / "slave-out"
     for directory in (out, slave_out):
         directory.mkdir()
@@ -84,9 +80,9 @@ def test_plain_binds_read_through_every_takeover(
     agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
     agents = [agent]
     try:
-        agent.wait_state(HEALTHY_UID, "config", "mounted")
+        agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by the launcher" in agent.log_text())
-        volume = agent.volume(HEALTHY_UID, "configmap", "config")
+        volume = agent.volume(POD_UID, "configmap", "config")
         clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
         for reads in (out / "reads", slave_out / "reads"):
             reads.chmod(0o666)  # the readers are uid 1000
@@ -125,7 +121,7 @@ def test_plain_binds_read_through_every_takeover(
                 kill_agent(agent)
                 clock.wait_for("ok v0 v0", after=time.monotonic(), timeout_s=10)
                 pauses.append(_longest_gap(clock, killed - 0.05) - usual)
-            write_atomically(manifests / "app.yaml", configmap("v1"))
+            write_atomically(manifests / "configmap.yaml", configmap("v1"))
             edited = time.monotonic()
             seen = clock.wait_for("ok v1 v1", after=edited, timeout_s=10)
             figures.append(
@@ -144,7 +140,7 @@ def test_plain_binds_read_through_every_takeover(
                 n = 1
                 while not stop.is_set():
                     n += 1
-                    write_atomically(manifests / "app.yaml", configmap(f"v{n}"))
+                    write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
                     last[0] = f"v{n}"
                     time.sleep(random.uniform(0.01, 0.05))
 
@@ -158,7 +154,7 @@ def test_plain_binds_read_through_every_takeover(
                 stop.set()
                 editor.join(timeout=10)
             final = last[0]
-            write_atomically(manifests / "app.yaml", configmap(final + "-final"))
+            write_atomically(manifests / "configmap.yaml", configmap(final + "-final"))
             clock.wait_for(f"ok {final}-final {final}-final", after=0, timeout_s=20)
             wait_for(lambda: _one_version(volume, final + "-final"), timeout_s=10)
             figures.append(
@@ -174,7 +170,7 @@ def test_plain_binds_read_through_every_takeover(
             previous.wait_agent_gone(10)
             gone = time.monotonic() - restarted
             assert not pid_alive(previous.pid)
-            write_atomically(manifests / "app.yaml", configmap("upgraded"))
+            write_atomically(manifests / "configmap.yaml", configmap("upgraded"))
             edited = time.monotonic()
             seen = clock.wait_for("ok upgraded upgraded", after=edited, timeout_s=10)
             figures.append(

@@ -54,6 +54,7 @@ def test_bad_attributes_targets_and_handles_are_refused_and_disturb_nothing(
     api.create(web)
     stranger = pod("stranger", OTHER_UID, volumes=[csi_volume("bad", configMap="app")])
     with csi_agent() as (_agent, kubelet):
+        _agent.expect_log('mount failed .*configmap "Not_A_Name!" not found')
         good = kubelet.publish(web, "good")
         assert (good / "a").read_text() == "1"
         k: Kubelet = kubelet

@@ -147,6 +147,7 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
     web = pod(volumes=[csi_volume("config", configMap="later")])
     api.create(web)
     with csi_agent() as (agent, kubelet):
+        agent.expect_log('mount failed .*configmap "later" not found')
         with pytest.raises(grpc.RpcError) as failed:
             kubelet.publish(web, "config")
         assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION

@@ -118,7 +118,7 @@ def test_failures_carry_gits_message_leave_nothing_and_are_retried(
         git_volume("deep", str(repo), revision=first, directory="a/b"),
     ]
     (manifests / "pod.yaml").write_text(pod(1, "\n".join(volumes)))
-    with running_agent(manifests, tmp_path / "root") as agent:
+    with running_agent(manifests, tmp_path / "root", expect_log=(" mount failed ",)) as agent:
         wait_for(lambda: failures(agent, "later")[:2] == [0.5, 1.0], timeout_s=10)
         error = str(agent.volume_status(uid(1), "later")["last_error"])
         assert error.startswith("failed to exec 'git checkout later': ")

@@ -7,7 +7,7 @@ import re
 from typing import TYPE_CHECKING
 
 from tests.agent import AgentProcess, wait_for, write_atomically
-from tests.fuse.conftest import POD_UID, configmap
+from tests.manifests import POD_UID, configmap
 
 if TYPE_CHECKING:
     from pathlib import Path

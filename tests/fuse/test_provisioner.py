@@ -58,13 +58,24 @@ def provisioned_count(agent: AgentProcess) -> int:
     return agent.log_text().count("INFO fusevol.provision.hostpath: volume provisioned ")
 
 
+WAITING = "mount failed .* is not bound to a volume: waiting for fusevol.io/hostpath"
+"""Logged (once) while a pod's claim waits for its first-use volume: expected in these tests."""
+
+
 def test_delete_policy_first_use_shared_data_then_removed(tmp_path: Path) -> None:
     base = tmp_path / "base"
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "class.yaml").write_text(storage_class(base, "Delete"))
     (manifests / "claim.yaml").write_text(claim())
-    with running_agent(manifests, tmp_path / "root") as agent:
+    with running_agent(
+        manifests,
+        tmp_path / "root",
+        expect_log=(
+            "mount failed .* is not bound to a volume: waiting for fusevol.io/hostpath",
+            'mount failed .*persistentvolumeclaim "data" not found',
+        ),
+    ) as agent:
         time.sleep(0.3)  # the agent is ready: nothing is provisioned without a consumer
         assert not base.exists()
         assert recorded(agent) == []
@@ -125,13 +136,13 @@ def test_retain_policy_survives_restart_and_is_not_rebound(tmp_path: Path) -> No
     (manifests / "pod-1.yaml").write_text(pod(1, CLAIM_VOLUME))
     root = tmp_path / "root"
     directory = base / f"pvc-{claim_uid}"  # external-provisioner's name: pvc-<claim uid>
-    with running_agent(manifests, root) as first_agent:
+    with running_agent(manifests, root, expect_log=(WAITING,)) as first_agent:
         path = mounted_path(first_agent, 1)
         assert path.name == directory.name
         (path / "kept").write_text("data")
         first_agent.kill()
 
-        with running_agent(manifests, root) as agent:
+        with running_agent(manifests, root, expect_log=(WAITING,)) as agent:
             agent.wait_state(uid(1), "data", "mounted", timeout_s=10)
             assert (path / "kept").read_text() == "data"
             assert provisioned_count(agent) == 1  # the record survived: not provisioned again

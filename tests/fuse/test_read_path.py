@@ -18,7 +18,7 @@ import pytest
 
 from fusevol.fuse.session import has_fast_read_path
 from tests.agent import wait_for, write_atomically
-from tests.fuse.conftest import POD_UID, configmap
+from tests.manifests import POD_UID, configmap
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -67,13 +67,13 @@ def capabilities(agent: AgentProcess) -> set[str]:
 @pytest.mark.usefixtures("capabilities")
 def test_hot_reads_make_no_request(agent: AgentProcess) -> None:
     key = agent.volume(POD_UID, "configmap", "config") / "a"
-    assert requests_during_hot_reads(agent, key, b"1") == {}
+    assert requests_during_hot_reads(agent, key, b"alpha") == {}
 
 
 @pytest.mark.usefixtures("capabilities")
 def test_a_new_version_is_read_then_cached_again(agent: AgentProcess, manifests: Path) -> None:
     volume = agent.volume(POD_UID, "configmap", "config")
-    assert requests_during_hot_reads(agent, volume / "a", b"1") == {}
+    assert requests_during_hot_reads(agent, volume / "a", b"alpha") == {}
 
     write_atomically(manifests / "configmap.yaml", configmap(a="2"))
     wait_for(lambda: (volume / "a").read_text() == "2")
@@ -112,11 +112,11 @@ def test_without_open_requests_writes_are_still_erofs(agent: AgentProcess, flags
     `write` is refused. The content never changes."""
     in_pod = agent.volume(POD_UID, "configmap", "config") / "a"
     in_mount = agent.fuse_subtree(in_pod.parent) / "a"
-    assert hot_read(in_pod) == b"1"  # answered ENOSYS: no open requests from now on
+    assert hot_read(in_pod) == b"alpha"  # answered ENOSYS: no open requests from now on
 
     with pytest.raises(OSError, match="Read-only file system"):
         os.open(in_pod, flags)
     assert _write_errno(in_mount, flags) == errno.EROFS
 
-    assert hot_read(in_pod) == hot_read(in_mount) == b"1"
-    assert os.stat(in_mount).st_size == 1
+    assert hot_read(in_pod) == hot_read(in_mount) == b"alpha"
+    assert os.stat(in_mount).st_size == len(b"alpha")

@@ -8,7 +8,7 @@ import time
 from typing import TYPE_CHECKING
 
 from tests.agent import AgentProcess, wait_for, write_atomically
-from tests.fuse.conftest import POD_UID, configmap
+from tests.manifests import POD_UID, configmap
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -60,7 +60,7 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
     infos = {agent.fuse_subtree(agent.volume(uid, "downward-api", "info")) for uid in UIDS}
     assert len(infos) == len(UIDS)
     for volume in volumes:
-        assert (volume / "a").read_text() == "1"
+        assert (volume / "a").read_text() == "alpha"
         assert os.stat(volume / "..data" / "a").st_gid == 2000
 
     before = publishes(agent)
@@ -114,6 +114,6 @@ def test_other_namespace_or_changed_spec_gets_its_own_subtree(
     (manifests / "second.yaml").write_text(pod(UIDS[2], items=", items: [{key: a, path: moved/a}]"))
     wait_for(lambda: (second / "moved" / "a").exists())
     assert not (second / "a").exists()
-    assert (first / "a").read_text() == "1"
+    assert (first / "a").read_text() == "alpha"
     assert not (first / "moved").exists()
     assert agent.fuse_subtree(second) != agent.fuse_subtree(first)

@@ -9,7 +9,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from tests.agent import running_agent
-from tests.fuse.conftest import POD_UID
+from tests.manifests import POD_UID
 
 if TYPE_CHECKING:
     from pathlib import Path

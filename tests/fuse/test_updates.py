@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.agent import AgentProcess, mounts_below, wait_for, write_atomically
-from tests.fuse.conftest import POD_UID, configmap, pod
+from tests.manifests import POD_UID, configmap, pod
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -176,13 +176,13 @@ def test_pod_file_added_and_removed(agent: AgentProcess, manifests: Path) -> Non
     uid = "99999999-2222-4333-8444-555555555555"
     (manifests / "pod2.yaml").write_text(pod(name="second", uid=uid))
     second = agent.wait_mounted(agent.volume(uid, "configmap", "config"))
-    assert (second / "a").read_text() == "1"
+    assert (second / "a").read_text() == "alpha"
 
     (manifests / "pod2.yaml").unlink()
     wait_for(lambda: not (agent.root / "pods" / uid).exists())
     assert str(second) not in mounts_below(agent.root)
     # The first pod is untouched.
-    assert (agent.volume(POD_UID, "configmap", "config") / "a").read_text() == "1"
+    assert (agent.volume(POD_UID, "configmap", "config") / "a").read_text() == "alpha"
 
 
 def test_pod_of_another_node_is_ignored(agent: AgentProcess, manifests: Path) -> None:

@@ -154,7 +154,9 @@ def test_missing_object_is_retried_on_kubelets_backoff(tmp_path: Path) -> None:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "pod.yaml").write_text(pod(1, "    - {name: config, configMap: {name: later}}"))
-    with running_agent(manifests, tmp_path / "root") as agent:
+    with running_agent(
+        manifests, tmp_path / "root", expect_log=('mount failed .*configmap "later" not found',)
+    ) as agent:
         wait_for(lambda: len(_attempts(agent)) >= 5, timeout_s=20)
         attempts = _attempts(agent)
         assert [delay for _, delay in attempts[:5]] == [0.5, 1.0, 2.0, 4.0, 8.0]
@@ -190,7 +192,11 @@ def test_unbound_claim_waits_for_its_volume(tmp_path: Path) -> None:
     (manifests / "pod.yaml").write_text(
         pod(1, "    - {name: data, persistentVolumeClaim: {claimName: data}}")
     )
-    with running_agent(manifests, tmp_path / "root") as agent:
+    with running_agent(
+        manifests,
+        tmp_path / "root",
+        expect_log=("mount failed .*PVC default/data is not bound to a volume",),
+    ) as agent:
         wait_for(lambda: agent.volume_status(uid(1), "data").get("state") == "failed")
         error = agent.volume_status(uid(1), "data")["last_error"]
         assert error == "PVC default/data is not bound to a volume"
@@ -265,7 +271,12 @@ def test_failed_nfs_mount_leaves_no_dir_and_no_mount(tmp_path: Path) -> None:
         "FUSEVOL_TEST_MOUNT_LOG": str(tmp_path / "argv.jsonl"),
         "FUSEVOL_TEST_MOUNT_EXIT": "32",
     }
-    with running_agent(manifests, tmp_path / "root", env=env) as agent:
+    with running_agent(
+        manifests,
+        tmp_path / "root",
+        env=env,
+        expect_log=("mount failed .*mount: simulated failure",),
+    ) as agent:
         wait_for(lambda: agent.volume_status(uid(1), "inline").get("state") == "failed")
         assert "exit status 32" in str(agent.volume_status(uid(1), "inline")["last_error"])
         assert not agent.volume(uid(1), "nfs", "inline").exists()

@@ -49,12 +49,14 @@ def api() -> Iterator[ApiServer]:
 
 @pytest.fixture
 def kube_agent(api: ApiServer, tmp_path: Path) -> Callable[..., Any]:
-    """`with kube_agent(*args) as agent:` runs the agent on `api`; a clean stop is checked."""
+    """`with kube_agent(*args) as agent:` runs the agent on `api`; a clean stop is checked.
+    `expect_log`: as `tests.agent.running_agent`'s."""
     kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
 
     @contextlib.contextmanager
-    def start(*args: str) -> Iterator[AgentProcess]:
-        with running_agent(None, tmp_path / "root", "--kubeconfig", str(kubeconfig), *args) as a:
+    def start(*args: str, expect_log: tuple[str, ...] = ()) -> Iterator[AgentProcess]:
+        config = ("--kubeconfig", str(kubeconfig))
+        with running_agent(None, tmp_path / "root", *config, *args, expect_log=expect_log) as a:
             yield a
             a.stop()
 

@@ -8,7 +8,7 @@ its log says what happens without a storm of errors, and the agent does not hamm
 (client-go's reflector backs off, 410s included). Once the fault is cleared, an update of the
 ConfigMap reaches the pod within `CONVERGE_S`.
 
-Here rather than in tests/faults: the loopback API server and agent fixtures are tests/kube's.
+The loopback API server and its agent fixture are tests/kube's.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ def test_a_sick_api_server_changes_nothing_served_and_the_agent_converges_after(
     api.create(configmap("app", {"a": "1"}))
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
+        agent.expect_log("watch failed ")
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         assert key.read_text() == "1"
         agent.wait_state(UID, "config", "mounted")

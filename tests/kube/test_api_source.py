@@ -73,6 +73,7 @@ def test_a_watch_cut_mid_event_resumes_without_relisting(
     api.create(configmap("app", {"a": "1"}))
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
+        agent.expect_log("watch failed ")
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         lists = api.count("GET", "configmaps", watch=False)
         assert api.cut_watches() == 4  # pods, the configmap, provisioned PVs, selected claims
@@ -87,6 +88,7 @@ def test_410_gone_relists_and_converges(api: ApiServer, kube_agent: Callable[...
     api.create(configmap("app", {"a": "1", "b": "1"}))
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
+        agent.expect_log("watch failed ")
         volume = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
         lists = api.count("GET", "configmaps", watch=False)
         api.update(configmap("app", {"a": "2"}))
@@ -102,6 +104,7 @@ def test_bookmarks_move_the_resume_point(api: ApiServer, kube_agent: Callable[..
     api.create(configmap("app", {"a": "1"}))
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
+        agent.expect_log("watch failed ")
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         for i in range(3):  # the cluster moves on; nothing this agent watches changes
             api.create(configmap(f"unrelated-{i}", {}))
@@ -122,6 +125,7 @@ def test_an_api_server_restart_keeps_volumes_served_and_converges(
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     api.create(pod("second", OTHER_UID, volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
+        agent.expect_log("watch failed ")
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "config"))
         # The bind shows in the mount table before its operation ends and the status says so.
@@ -154,6 +158,7 @@ def test_deleted_objects_optional_empties_required_keeps_and_reports(
     ]
     api.create(pod(volumes=volumes))
     with kube_agent() as agent:
+        agent.expect_log('refresh failed .*configmap "req" not found')
         optional = agent.wait_mounted(agent.volume(UID, "configmap", "opt"))
         required = agent.wait_mounted(agent.volume(UID, "configmap", "req"))
         api.delete("ConfigMap", "default", "opt")

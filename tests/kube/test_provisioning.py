@@ -93,6 +93,14 @@ def mounted(agent: AgentProcess, uid: str) -> Path:
     return Path(str(agent.volume_status(uid, "data")["path"]))
 
 
+WAITING = (
+    "mount failed .*PVC default/data is not bound to a volume",
+    'mount failed .*persistentvolume "pvc-[^"]*" not found',
+)
+"""A first-use volume's set-up fails (one ERROR line each) while its claim waits to be
+provisioned, then for the binding, then for the new PV to reach the agent's cache."""
+
+
 def pv_names(api: ApiServer) -> list[str]:
     listed = api._list("persistentvolumes", None, {})
     return [item["metadata"]["name"] for item in listed["items"]]
@@ -105,7 +113,7 @@ def test_delete_policy_created_through_the_api_bound_shared_then_deleted(
     api.create(storage_class(base, "Delete"))
     created_claim = api.create(claim())
     api.create(other_nodes_released_pv(base))
-    with kube_agent() as agent:
+    with kube_agent(expect_log=WAITING) as agent:
         time.sleep(0.3)  # ready, and no consumer: nothing is provisioned
         assert pv_names(api) == ["pvc-other"]  # another node's to delete, not this one's
         assert not base.exists()
@@ -178,12 +186,12 @@ def test_retain_policy_survives_a_restart_and_keeps_data_and_pv(
     api.create(storage_class(base, "Retain"))
     api.create(claim())
     api.create(pod(volumes=[CLAIM_VOLUME]))
-    with kube_agent() as agent:
+    with kube_agent(expect_log=WAITING) as agent:
         path = mounted(agent, UID)
         (path / "kept").write_text("data")
         (name,) = pv_names(api)
     # A new agent: the PV exists and the claim is bound to it; nothing is created again.
-    with kube_agent() as agent:
+    with kube_agent(expect_log=WAITING) as agent:
         path = mounted(agent, UID)
         assert path.name == name
         assert (path / "kept").read_text() == "data"
@@ -211,7 +219,9 @@ def test_storage_class_and_claim_fetched_by_the_get_strategy(
     api.create(storage_class(base, "Delete"))
     api.create(claim())
     api.create(pod(volumes=[CLAIM_VOLUME]))
-    with kube_agent("--change-detection", strategy, "--sync-period", "0.3") as agent:
+    with kube_agent(
+        "--change-detection", strategy, "--sync-period", "0.3", expect_log=WAITING
+    ) as agent:
         path = mounted(agent, UID)
         (name,) = pv_names(api)
         assert path == agent.volume(UID, "local-volume", name)
@@ -239,7 +249,7 @@ def test_a_claim_the_scheduler_selected_this_node_for_is_provisioned_before_its_
     }
     api.create(elsewhere)
     api.create(pod(node="", volumes=[CLAIM_VOLUME]))  # pending: no node yet
-    with kube_agent() as agent:
+    with kube_agent(expect_log=WAITING) as agent:
 
         def bound() -> str:
             current = api.get("PersistentVolumeClaim", "default", "data") or {}

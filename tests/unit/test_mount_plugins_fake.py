@@ -1,6 +1,6 @@
 """The mount-backed plugins (`fusevol.mount.plugins`) over the fake backend: the exact actions,
-idempotency and clean-up after a failure, without root. tests/privileged checks the same plugins
-on real mounts, and the NFS argv through a recording mount(8)."""
+idempotency and clean-up after a failure, without root. tests/fuse/test_mount_plugins.py checks
+the same plugins on real mounts, and the NFS argv through a recording mount(8)."""
 
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ from fusevol.model import (
     UnsupportedVolumeSource,
 )
 from fusevol.projection import configmap
-from tests.faults import fuzz
+from tests import fuzz
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -13,21 +13,13 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import wait_for
-from tests.faults.support import (
-    HEALTHY_FILES,
-    HEALTHY_UID,
-    LogTail,
-    agent_on,
-    healthy_snapshots,
-    needs_fuse,
-    read_within,
-)
+from tests.agent import LogTail, running_agent, wait_for
+from tests.manifests import FILES, POD_UID
+from tests.served import pod_set_snapshots, read_within
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-pytestmark = needs_fuse
 
 CRASHING = [
     pytest.param("kind.yaml", b"kind: [ConfigMap]\nmetadata: {name: x}\n", id="unhashable-kind"),
@@ -46,10 +38,12 @@ CRASHING = [
 def test_agent_survives_a_file_the_parser_chokes_on(
     manifests: Path, tmp_path: Path, name: str, content: bytes
 ) -> None:
-    with agent_on(manifests, tmp_path / "root") as agent:
-        agent.wait_state(HEALTHY_UID, "config", "mounted")
-        agent.wait_state(HEALTHY_UID, "creds", "mounted")
-        before = healthy_snapshots(agent)
+    with running_agent(
+        manifests, tmp_path / "root", expect_log=("manifest rejected, nothing served from it",)
+    ) as agent:
+        agent.wait_state(POD_UID, "config", "mounted")
+        agent.wait_state(POD_UID, "creds", "mounted")
+        before = pod_set_snapshots(agent)
         tail = LogTail(agent.log_path)
         (manifests / name).write_bytes(content)
         assert agent.process is not None
@@ -66,16 +60,18 @@ def test_agent_survives_a_file_the_parser_chokes_on(
 
         outcome = wait_for(rejected_or_dead, timeout_s=10)
         assert outcome == "rejected", tail.text[-2000:]
-        assert healthy_snapshots(agent) == before
-        assert set(HEALTHY_FILES) == set(before)
+        assert pod_set_snapshots(agent) == before
+        assert set(FILES) == set(before)
         os.unlink(manifests / name)
         agent.stop()
 
 
 def test_long_quantity_does_not_stall_the_served_volumes(manifests: Path, tmp_path: Path) -> None:
-    with agent_on(manifests, tmp_path / "root") as agent:
-        agent.wait_state(HEALTHY_UID, "config", "mounted")
-        volume = agent.volume(HEALTHY_UID, "configmap", "config")
+    with running_agent(
+        manifests, tmp_path / "root", expect_log=("manifest rejected, nothing served from it",)
+    ) as agent:
+        agent.wait_state(POD_UID, "config", "mounted")
+        volume = agent.volume(POD_UID, "configmap", "config")
         tail = LogTail(agent.log_path)
         (manifests / "quantity.yaml").write_text(
             "kind: Pod\nmetadata: {name: q}\nspec:\n  containers:\n  - name: c\n"

@@ -20,25 +20,24 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import AgentProcess, mountinfo_below, mounts_below, wait_for, write_atomically
-from tests.faults.support import (
-    HEALTHY_CONFIGMAP,
-    HEALTHY_UID,
+from tests.agent import (
+    AgentProcess,
     LogTail,
     abort_fuse_connection,
-    agent_on,
-    check_one_complete_version,
     force_stop,
-    healthy_snapshots,
-    needs_fuse,
-    read_within,
+    mountinfo_below,
+    mounts_below,
+    running_agent,
+    wait_for,
+    write_atomically,
 )
+from tests.manifests import POD_UID, configmap
+from tests.served import check_one_complete_version, pod_set_snapshots, read_within
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-pytestmark = needs_fuse
 
 # -- (a) clients killed in the middle of FUSE requests --------------------------------------------
 
@@ -123,8 +122,8 @@ class Readers:
 
 
 def test_readers_killed_mid_request_leave_the_agent_answering(agent: AgentProcess) -> None:
-    volume = agent.volume(HEALTHY_UID, "configmap", "config")
-    before = healthy_snapshots(agent)
+    volume = agent.volume(POD_UID, "configmap", "config")
+    before = pod_set_snapshots(agent)
     rng = random.Random(9)
     with Readers(volume) as readers:
         killed = sum(readers.kill_round(rng) for _ in range(100))
@@ -132,15 +131,15 @@ def test_readers_killed_mid_request_leave_the_agent_answering(agent: AgentProces
     # A fresh client is answered at once, through the pod's bind and through `..data`.
     assert read_within(volume / "a", timeout_s=1.0) == b"alpha"
     assert read_within(volume / "..data" / "b", timeout_s=1.0) == b"beta"
-    assert healthy_snapshots(agent) == before
+    assert pod_set_snapshots(agent) == before
     # Updates still flow, and `fusevol status` reports a snapshot written after them.
     edited = time.time()
-    write_atomically(agent.manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("alpha", "after"))
+    write_atomically(agent.manifests / "configmap.yaml", configmap(a="after"))
     wait_for(lambda: (volume / "a").read_bytes() == b"after", timeout_s=5)
     wait_for(lambda: agent.snapshot()["written_at"] > edited, timeout_s=5)
-    agent.wait_state(HEALTHY_UID, "config", "mounted")
+    agent.wait_state(POD_UID, "config", "mounted")
     text = agent.status()
-    assert f"pod default/healthy uid={HEALTHY_UID}" in text
+    assert f"pod default/web uid={POD_UID}" in text
     assert text.count(" mounted") == 2, text
     assert agent.process is not None
     assert agent.process.poll() is None
@@ -150,7 +149,7 @@ def test_readers_killed_mid_request_leave_the_agent_answering(agent: AgentProces
 
 def test_killed_readers_never_freeze_the_agent(agent: AgentProcess) -> None:
     """After each round of kills, with no FUSE traffic from us, an edit must be published."""
-    volume = agent.volume(HEALTHY_UID, "configmap", "config")
+    volume = agent.volume(POD_UID, "configmap", "config")
     rng = random.Random(4)
     with Readers(volume) as readers:
         for round_ in range(400):
@@ -161,11 +160,9 @@ def test_killed_readers_never_freeze_the_agent(agent: AgentProcess) -> None:
 def _check_not_frozen(agent: AgentProcess, volume: Path, round_: int) -> None:
     """An edit is published within 3 s, with no FUSE request from us to wake the agent up."""
     tail = LogTail(agent.log_path)
-    write_atomically(
-        agent.manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("beta", f"beta-{round_}")
-    )
+    write_atomically(agent.manifests / "configmap.yaml", configmap(b=f"beta-{round_}"))
     try:
-        tail.wait_line("volume updated", f"{HEALTHY_UID}-config", timeout_s=3)
+        tail.wait_line("volume updated", f"{POD_UID}-config", timeout_s=3)
     except TimeoutError:
         assert agent.process is not None
         with open(f"/proc/{agent.pid}/wchan") as f:
@@ -232,7 +229,7 @@ class Editor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.version += 1
-            write_atomically(self._manifests / "app.yaml", _configmap(self.version)[0])
+            write_atomically(self._manifests / "configmap.yaml", _configmap(self.version)[0])
             time.sleep(0.002)
 
 
@@ -253,7 +250,7 @@ def _served_volumes_are_whole(agent: AgentProcess, version: int) -> bool:
 @pytest.fixture
 def update_manifests(manifests: Path) -> Path:
     (manifests / "updated.yaml").write_text(UPDATE_POD)
-    write_atomically(manifests / "app.yaml", _configmap(0)[0])
+    write_atomically(manifests / "configmap.yaml", _configmap(0)[0])
     return manifests
 
 
@@ -517,18 +514,18 @@ def test_hung_nfs_mount_blocks_only_its_own_volume(
     env, pids = hung_mount_env
     (manifests / "nfs.yaml").write_text(NFS_POD)
     root = tmp_path / "root"
-    with agent_on(manifests, root, env=env) as agent:
+    with running_agent(manifests, root, env=env) as agent:
         # The pod's other volumes and the other pod are served while the nfs mount hangs.
         config = agent.wait_mounted(agent.volume(NFS_UID, "configmap", "config"))
         assert (config / "a").read_bytes() == b"alpha"
         wait_for(agent.volume(NFS_UID, "empty-dir", "scratch").is_dir)
-        agent.wait_state(HEALTHY_UID, "config", "mounted")
+        agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: pids.read_text().strip())
         agent.wait_state(NFS_UID, "share", "mounting")
         # Updates still reach both pods.
-        write_atomically(manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("alpha", "during"))
+        write_atomically(manifests / "configmap.yaml", configmap(a="during"))
         wait_for(lambda: (config / "a").read_bytes() == b"during", timeout_s=5)
-        healthy = agent.volume(HEALTHY_UID, "configmap", "config")
+        healthy = agent.volume(POD_UID, "configmap", "config")
         wait_for(lambda: (healthy / "a").read_bytes() == b"during", timeout_s=5)
         # A new pod arriving meanwhile is served too.
         (manifests / "later.yaml").write_text(
@@ -576,14 +573,14 @@ spec:
 
 def test_full_memory_empty_dir_fails_only_the_writer(manifests: Path, tmp_path: Path) -> None:
     (manifests / "tmpfs.yaml").write_text(TMPFS_POD)
-    with agent_on(manifests, tmp_path / "root") as agent:
+    with running_agent(manifests, tmp_path / "root") as agent:
         small = agent.wait_mounted(agent.volume(TMPFS_UID, "empty-dir", "small"))
         config = agent.wait_mounted(agent.volume(TMPFS_UID, "configmap", "config"))
         disk = agent.volume(TMPFS_UID, "empty-dir", "disk")
         wait_for(disk.is_dir)
-        agent.wait_state(HEALTHY_UID, "config", "mounted")
-        agent.wait_state(HEALTHY_UID, "creds", "mounted")
-        before = healthy_snapshots(agent)
+        agent.wait_state(POD_UID, "config", "mounted")
+        agent.wait_state(POD_UID, "creds", "mounted")
+        before = pod_set_snapshots(agent)
         with (  # noqa: PT012 - the loop of writes is the point
             pytest.raises(OSError, match="No space left on device") as raised,
             open(small / "big", "wb") as f,
@@ -599,8 +596,8 @@ def test_full_memory_empty_dir_fails_only_the_writer(manifests: Path, tmp_path: 
         # Everything else keeps working: reads, other writes, updates, status.
         (disk / "fine").write_bytes(b"z" * (2 * 1024 * 1024))
         assert (config / "a").read_bytes() == b"alpha"
-        assert healthy_snapshots(agent) == before
-        write_atomically(manifests / "app.yaml", HEALTHY_CONFIGMAP.replace("alpha", "still"))
+        assert pod_set_snapshots(agent) == before
+        write_atomically(manifests / "configmap.yaml", configmap(a="still"))
         wait_for(lambda: (config / "a").read_bytes() == b"still", timeout_s=5)
         assert agent.volume_status(TMPFS_UID, "small")["state"] == "mounted"
         # Freeing space makes the tmpfs writable again.

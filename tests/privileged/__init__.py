@@ -1,1 +1,0 @@
-"""The mount plugins on real mounts (NFS through a recording stand-in for mount(8))."""
