@@ -1,0 +1,220 @@
+"""The reflector (`fusevol.source.kube.reflector`) over a scripted client: each numbered step of
+its docstring, with the exact calls it makes, in order.
+
+The client answers `list` from a dict and each `open_watch` with a stream the test feeds (events,
+the stream's end, a 410, a failure to connect), as the API server's list and watch do.
+tests/kube shows the same against the loopback API server over HTTP.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import queue
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
+
+import pytest
+import trio
+
+from fusevol.model import Kind
+from fusevol.source.kube.client import ApiUnavailable
+from fusevol.source.kube.reflector import Backoff, Query, Reflector
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from fusevol.source.kube.client import KubeClient
+
+Obj = dict[str, Any]
+QUERY = Query(Kind.CONFIG_MAP, "default", "metadata.name=app")
+
+
+def configmap(version: str, value: str = "1") -> Obj:
+    return {"metadata": {"name": "app", "resourceVersion": version}, "data": {"a": value}}
+
+
+class Stream:
+    """One watch: what the test feeds it, read by `next_event` in the reflector's thread."""
+
+    def __init__(self, resource_version: str) -> None:
+        self.resource_version = resource_version
+        self._events: queue.Queue[Obj | None] = queue.Queue()
+        self.closed = False
+
+    def send(self, kind: str, obj: Obj) -> None:
+        self._events.put({"type": kind, "object": obj})
+
+    def end(self) -> None:
+        """The server ends the watch (its timeoutSeconds)."""
+        self._events.put(None)
+
+    def next_event(self) -> Obj | None:
+        return None if self.closed else self._events.get()
+
+    def close(self) -> None:
+        self.closed = True
+        self._events.put(None)
+
+
+@dataclass
+class ScriptedClient:
+    items: list[Obj] = field(default_factory=list)
+    version: str = "10"
+    lists: int = 0
+    streams: list[Stream] = field(default_factory=list)
+    refuse_watches: int = 0
+    """The next this many `open_watch` calls fail to connect."""
+
+    def list(self, kind: Kind, **query: Any) -> tuple[list[Obj], str]:
+        assert (kind, query["namespace"], query["field_selector"]) == (
+            QUERY.kind,
+            QUERY.namespace,
+            QUERY.field_selector,
+        )
+        self.lists += 1
+        return copy.deepcopy(self.items), self.version
+
+    def open_watch(self, kind: Kind, **query: Any) -> Stream:
+        assert 300 <= query["timeout_s"] < 600  # client-go's randomised watch timeout
+        if self.refuse_watches:
+            self.refuse_watches -= 1
+            raise ApiUnavailable("connection refused")
+        stream = Stream(query["resource_version"])
+        self.streams.append(stream)
+        return stream
+
+
+@dataclass
+class Mirror:
+    client: ScriptedClient
+    reflector: Reflector
+    calls: list[tuple[str, Any]]
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        with trio.fail_after(5):
+            while not condition():
+                await trio.sleep(0.001)
+
+    async def watching(self, count: int) -> Stream:
+        """The `count`-th watch, once the reflector opened it."""
+        await self.until(lambda: len(self.client.streams) >= count)
+        return self.client.streams[count - 1]
+
+
+@pytest.fixture
+async def mirror() -> AsyncIterator[Mirror]:
+    client = ScriptedClient(items=[configmap("10")])
+    calls: list[tuple[str, Any]] = []
+
+    async def on_replace(items: list[Obj]) -> None:
+        calls.append(("replace", [i["metadata"]["resourceVersion"] for i in items]))
+
+    async def on_event(kind: str, obj: Obj) -> None:
+        calls.append((kind, obj["metadata"]["resourceVersion"]))
+
+    reflector = Reflector(
+        client=cast("KubeClient", client),
+        query=QUERY,
+        on_replace=on_replace,
+        on_event=on_event,
+        limiter=trio.CapacityLimiter(4),
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reflector.run)
+        yield Mirror(client, reflector, calls)
+        nursery.cancel_scope.cancel()
+
+
+async def test_list_then_watch_from_its_version_events_in_order(mirror: Mirror) -> None:
+    stream = await mirror.watching(1)
+    assert mirror.reflector.synced.is_set()
+    assert stream.resource_version == "10"
+    stream.send("MODIFIED", configmap("11", "2"))
+    stream.send("BOOKMARK", {"metadata": {"resourceVersion": "12"}})
+    stream.send("DELETED", configmap("13"))
+    await mirror.until(lambda: mirror.reflector.stats.resource_version == "13")
+    assert mirror.calls == [("replace", ["10"]), ("MODIFIED", "11"), ("DELETED", "13")]
+    assert (mirror.reflector.stats.bookmarks, mirror.reflector.stats.events) == (1, 2)
+
+
+async def test_an_ended_watch_resumes_from_the_last_event_without_a_relist(
+    mirror: Mirror,
+) -> None:
+    first = await mirror.watching(1)
+    first.send("BOOKMARK", {"metadata": {"resourceVersion": "15"}})
+    first.end()
+    second = await mirror.watching(2)
+    assert second.resource_version == "15"
+    assert first.closed
+    assert mirror.client.lists == 1
+
+
+async def test_410_gone_relists_and_replaces_at_once_then_backs_off_if_it_repeats(
+    mirror: Mirror, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG, logger="fusevol.source.kube.reflector")
+    gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
+    first = await mirror.watching(1)
+    mirror.client.items, mirror.client.version = [configmap("20", "compacted")], "20"
+    first.send("ERROR", gone)
+    second = await mirror.watching(2)
+    assert second.resource_version == "20"
+    assert mirror.calls == [("replace", ["10"]), ("replace", ["20"])]
+    second.send("ERROR", gone)  # again, before the new watch delivered anything
+    await mirror.watching(3)
+    assert mirror.client.lists == 3
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("watch expired, relisting" in m for m in messages) == 1
+    assert sum("watch expired again, relisting" in m for m in messages) == 1  # waited a backoff
+    assert all(r.levelno < logging.WARNING for r in caplog.records)
+
+
+async def test_a_failed_watch_retries_from_its_version_warning_once(
+    mirror: Mirror, caplog: pytest.LogCaptureFixture
+) -> None:
+    first = await mirror.watching(1)
+    first.send("MODIFIED", configmap("11", "2"))
+    await mirror.until(lambda: mirror.reflector.stats.resource_version == "11")
+    mirror.client.refuse_watches = 3
+    first.end()
+    second = await mirror.watching(2)
+    assert second.resource_version == "11"  # nothing delivered is dropped or relisted
+    assert mirror.client.lists == 1
+    assert mirror.reflector.stats.failures == 3
+    warnings = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(" retry_in")[0] for r in warnings] == [
+        f"watch failed query={QUERY}"
+    ]
+    caplog.clear()
+    # A delivered event resets the backoff: the next failure warns again.
+    second.send("MODIFIED", configmap("12", "3"))
+    await mirror.until(lambda: mirror.reflector.stats.resource_version == "12")
+    mirror.client.refuse_watches = 1
+    second.end()
+    await mirror.watching(3)
+    assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
+    caplog.clear()
+
+
+async def test_cancelling_the_reflector_closes_its_watch() -> None:
+    client = ScriptedClient(items=[])
+
+    async def ignore(*_: Any) -> None:
+        pass
+
+    reflector = Reflector(
+        client=cast("KubeClient", client),
+        query=QUERY,
+        on_replace=ignore,
+        on_event=ignore,
+        limiter=trio.CapacityLimiter(1),
+    )
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reflector.run)
+        with trio.fail_after(5):
+            while not client.streams:
+                await trio.sleep(0.001)
+        nursery.cancel_scope.cancel()
+    assert client.streams[0].closed

@@ -1,0 +1,217 @@
+"""Subtree sharing in `fusevol.reconciler.served`, without FUSE or mounts: which pod volumes share
+one subtree on the agent's mount, that an edit is one publish for all of them, and that a subtree
+goes with its last user only.
+
+The publisher is a recording stand-in with the real one's contract (a publish of the content a
+subtree holds already publishes nothing and returns False); the mount backend is
+`fusevol.mount.fake`. tests/fuse/test_sharing.py shows the same on a real agent.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, cast
+
+import pytest
+
+from fusevol.cache.desired import DesiredState, VolumeToServe
+from fusevol.cache.store import ObjectStore
+from fusevol.decode.manifest import parse_manifest
+from fusevol.model import Pod
+from fusevol.mount.fake import FakeMountBackend
+from fusevol.populator import Populator
+from fusevol.projection.downward import NodeAllocatable
+from fusevol.reconciler.served import SHARED, ServedVolumes, subtree_name
+
+if TYPE_CHECKING:
+    from fusevol.fuse.publish import Publisher
+    from fusevol.model import Payload
+
+MOUNTPOINT = Path("/fake/mnt")
+
+
+@dataclass
+class RecordingPublisher:
+    """The calls `ServedVolumes` makes of `fusevol.fuse.publish.Publisher`, and what each subtree
+    holds."""
+
+    content: dict[bytes, Payload] = field(default_factory=dict)
+    publishes: list[bytes] = field(default_factory=list)
+    removed: list[bytes] = field(default_factory=list)
+
+    def path(self, volume: bytes) -> Path:
+        return MOUNTPOINT / volume.decode()
+
+    async def create_volume(self, volume: bytes, **_: object) -> None:
+        self.content.setdefault(volume, cast("Payload", None))
+
+    async def publish(self, volume: bytes, payload: Payload, **_: object) -> bool:
+        assert volume in self.content, f"{volume!r} published before it was created"
+        if self.content[volume] == payload:
+            return False
+        self.content[volume] = payload
+        self.publishes.append(volume)
+        return True
+
+    async def remove_volume(self, volume: bytes) -> None:
+        del self.content[volume]
+        self.removed.append(volume)
+
+
+def configmap(value: str, namespace: str = "default") -> str:
+    metadata = f'{{name: app, namespace: {namespace}, resourceVersion: "{value}"}}'
+    return f'kind: ConfigMap\nmetadata: {metadata}\ndata: {{a: "{value}"}}\n'
+
+
+def pod(uid: int, volume: str, *, namespace: str = "default", fs_group: int | None = None) -> Pod:
+    security = f"  securityContext: {{fsGroup: {fs_group}}}\n" if fs_group is not None else ""
+    text = (
+        f"kind: Pod\nmetadata: {{name: p{uid}, namespace: {namespace},"
+        f" uid: 00000000-0000-4000-8000-{uid:012d}}}\n"
+        f"spec:\n{security}  containers: [{{name: c}}]\n  volumes:\n    - {volume}\n"
+    )
+    [parsed] = parse_manifest(text.encode(), origin=f"p{uid}.yaml")
+    assert isinstance(parsed, Pod)
+    return parsed
+
+
+CONFIG = "{name: config, configMap: {name: app}}"
+ITEMS = "{name: config, configMap: {name: app, items: [{key: a, path: x}]}}"
+DOWNWARD = (
+    "{name: config, projected: {sources: [{configMap: {name: app}},"
+    " {downwardAPI: {items: [{path: n, fieldRef: {fieldPath: metadata.name}}]}}]}}"
+)
+
+
+@pytest.fixture
+def store() -> ObjectStore:
+    store = ObjectStore()
+    for namespace in ("default", "other"):
+        [obj] = parse_manifest(configmap("1", namespace).encode(), origin="cm.yaml")
+        store.upsert(obj)
+    return store
+
+
+@dataclass
+class Served:
+    volumes: ServedVolumes
+    publisher: RecordingPublisher
+    backend: FakeMountBackend
+    store: ObjectStore
+    root: Path
+
+    def resolve(self, pod: Pod) -> VolumeToServe:
+        populator = Populator(store=self.store, desired=DesiredState())
+        return populator.resolve(pod, pod.volumes[0])
+
+    def bound_source(self, volume: VolumeToServe) -> str:
+        """What the pod volume directory is bound to (the top bind)."""
+        target = str(self.volumes.path(volume))
+        return [a.source for a in self.backend.actions if a.verb == "bind" and a.target == target][
+            -1
+        ]
+
+    def edit(self, value: str) -> None:
+        [obj] = parse_manifest(configmap(value).encode(), origin="cm.yaml")
+        self.store.upsert(obj)
+
+
+@pytest.fixture
+def served(tmp_path: Path, store: ObjectStore) -> Served:
+    publisher, backend = RecordingPublisher(), FakeMountBackend()
+    volumes = ServedVolumes(
+        root=tmp_path,
+        store=store,
+        publisher=cast("Publisher", publisher),
+        backend=backend,
+        allocatable=NodeAllocatable(
+            cpu_millis=1000, memory_bytes=1 << 30, ephemeral_storage_bytes=1 << 30
+        ),
+    )
+    return Served(volumes, publisher, backend, store, tmp_path)
+
+
+def test_same_spec_in_the_same_namespace_shares_one_subtree() -> None:
+    first, second = (Populator(store=ObjectStore(), desired=DesiredState()) for _ in range(2))
+    a, b = pod(1, CONFIG), pod(2, CONFIG)
+    name = subtree_name(first.resolve(a, a.volumes[0]))
+    assert name.startswith(SHARED)
+    assert subtree_name(second.resolve(b, b.volumes[0])) == name
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(pod(2, ITEMS), id="other-items"),
+        pytest.param(pod(2, CONFIG, namespace="other"), id="other-namespace"),
+        pytest.param(pod(2, CONFIG, fs_group=2000), id="other-fsGroup"),
+    ],
+)
+def test_anything_that_changes_the_files_is_another_subtree(other: Pod) -> None:
+    populator = Populator(store=ObjectStore(), desired=DesiredState())
+    base = pod(1, CONFIG)
+    assert subtree_name(populator.resolve(base, base.volumes[0])) != subtree_name(
+        populator.resolve(other, other.volumes[0])
+    )
+
+
+def test_a_volume_that_depends_on_its_pod_is_never_shared() -> None:
+    populator = Populator(store=ObjectStore(), desired=DesiredState())
+    a, b = pod(1, DOWNWARD), pod(2, DOWNWARD)
+    names = {subtree_name(populator.resolve(p, p.volumes[0])) for p in (a, b)}
+    assert len(names) == 2
+    assert not any(n.startswith(SHARED) for n in names)
+
+
+async def test_users_share_one_subtree_one_publish_per_edit(served: Served) -> None:
+    volumes = [served.resolve(pod(i, CONFIG)) for i in range(1, 4)]
+    for volume in volumes:
+        await served.volumes.set_up(volume)
+    [name] = served.publisher.content
+    assert served.publisher.publishes == [name]  # set up once, adopted by the other two
+    sources = {served.bound_source(v) for v in volumes}
+    assert sources == {str(MOUNTPOINT / name.decode())}
+
+    served.edit("2")
+    inputs = served.volumes.inputs(volumes[0])
+    assert not served.volumes.is_current(volumes[0], inputs)
+    await served.volumes.refresh(volumes[0])
+    assert served.publisher.publishes == [name, name]
+    # The other users are current already: their refresh is skipped by the reconciler ...
+    assert all(served.volumes.is_current(v, served.volumes.inputs(v)) for v in volumes)
+    # ... and would publish nothing if it ran.
+    await served.volumes.refresh(volumes[1])
+    assert served.publisher.publishes == [name, name]
+
+
+async def test_the_subtree_goes_with_its_last_user(served: Served) -> None:
+    a, b = served.resolve(pod(1, CONFIG)), served.resolve(pod(2, CONFIG))
+    await served.volumes.set_up(a)
+    await served.volumes.set_up(b)
+    [name] = served.publisher.content
+    await served.volumes.tear_down(a.pod.uid, a.spec_name, served.volumes.path(a))
+    assert served.publisher.removed == []
+    assert not served.backend.is_mount_point(served.volumes.path(a))
+    await served.volumes.tear_down(b.pod.uid, b.spec_name, served.volumes.path(b))
+    assert served.publisher.removed == [name]
+    assert served.backend.mount_points() == ()
+
+
+async def test_a_changed_spec_moves_one_user_and_keeps_the_old_subtree_until_unbound(
+    served: Served,
+) -> None:
+    a, b = served.resolve(pod(1, CONFIG)), served.resolve(pod(2, CONFIG))
+    await served.volumes.set_up(a)
+    await served.volumes.set_up(b)
+    [shared] = served.publisher.content
+    edited = served.resolve(pod(1, ITEMS))  # pod 1's manifest now projects key a as x
+    await served.volumes.refresh(edited)
+    moved = subtree_name(edited)
+    assert set(served.publisher.content) == {shared, moved}
+    assert served.bound_source(edited) == str(MOUNTPOINT / moved.decode())  # on top of the old
+    assert served.bound_source(b) == str(MOUNTPOINT / shared.decode())
+    await served.volumes.tear_down(b.pod.uid, b.spec_name, served.volumes.path(b))
+    assert served.publisher.removed == []  # pod 1's covered bind still holds the shared one
+    await served.volumes.tear_down(edited.pod.uid, edited.spec_name, served.volumes.path(edited))
+    assert sorted(served.publisher.removed) == sorted([shared, moved])
