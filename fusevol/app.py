@@ -8,7 +8,7 @@ Start-up order (each `nursery.start` returns once the component is ready):
        look for a lame duck to release once our binds are stacked;
     2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
        the pod volume directories on the node (reconstruct.py); load the PVs this node
-       provisioned (source/provisioned.py; the Kubernetes source reads them from the API in 5);
+       provisioned (provision/record.py; with the API source, kube/provisioned.py in 5);
     3. the FUSE mount, then the publisher that switches versions through it;
     4. the executor and the status reporter;
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
@@ -57,6 +57,7 @@ from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import ConfigSource, KubeletAnnotations, Populator
 from fusevol.projection.downward import node_allocatable
 from fusevol.provision.hostpath import PROVISIONER, HostPathProvisioner
+from fusevol.provision.record import ManifestVolumeRecorder
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
 from fusevol.reconciler.reconstruct import (
@@ -68,7 +69,6 @@ from fusevol.reconciler.reconstruct import (
 from fusevol.reconciler.volumes import Volumes
 from fusevol.server import HealthServer
 from fusevol.source.local import ManifestSource
-from fusevol.source.provisioned import ManifestVolumeRecorder
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
@@ -118,8 +118,8 @@ def _build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
     """The source the settings ask for, and what the agent needs of it."""
     if settings.kube is not None:
         # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
-        from fusevol.source.kube.client import KubeClient
-        from fusevol.source.kube.provisioned import KubeVolumeRecorder
+        from fusevol.kube.client import KubeClient
+        from fusevol.kube.provisioned import KubeVolumeRecorder
         from fusevol.source.kube.source import KubeSource
 
         client = KubeClient(kubeconfig=settings.kube.kubeconfig)

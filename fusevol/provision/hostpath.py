@@ -23,7 +23,7 @@ Retain, the directory and the record stay.
 
 The core knows nothing of where PVs are recorded: that is the source's job, behind
 `VolumeRecorder`. The manifest source keeps them in the agent's state
-(`fusevol.source.provisioned`); the Kubernetes API source creates the PV object (with the
+(`fusevol.provision.record`); the Kubernetes API source creates the PV object (with the
 claimRef, the `pv.kubernetes.io/provisioned-by` annotation and the node affinity `describe()`
 gives), lets the PV controller bind the claim, and deletes the object on `forget`.
 

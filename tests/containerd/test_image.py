@@ -129,7 +129,7 @@ def test_image_is_the_packages_and_nothing_more(
     script = """
         fusevol --version
         python3 -c 'import pyfuse3; print("patched", hasattr(pyfuse3, "negotiated_capabilities"))'
-        python3 -c 'import fusevol.source.kube.client, fusevol.app; print("imports")'
+        python3 -c 'import fusevol.kube.client, fusevol.app; print("imports")'
         for tool in fusermount3 mount umount mount.nfs git gcc cc pip pip3 cython; do
             command -v $tool >/dev/null && echo "has $tool"
         done

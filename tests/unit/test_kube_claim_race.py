@@ -24,10 +24,10 @@ import pytest
 import trio
 
 from fusevol.cache.store import ObjectStore
+from fusevol.kube.provisioned import NODE_LABEL, KubeVolumeRecorder
 from fusevol.model import Kind, ObjectKey, PersistentVolumeClaim, StorageClass
 from fusevol.provision.hostpath import PROVISIONER, ClaimToProvision, HostPathProvisioner
 from fusevol.settings import KubeSettings
-from fusevol.source.kube.provisioned import NODE_LABEL, KubeVolumeRecorder
 from fusevol.source.kube.source import KubeSource
 
 if TYPE_CHECKING:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
+from fusevol.kube.events import EventRecorder
 from fusevol.model import Pod, PodUID, ResourceVersion
-from fusevol.source.kube.events import EventRecorder
 
 if TYPE_CHECKING:
     import pytest

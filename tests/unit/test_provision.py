@@ -39,7 +39,7 @@ from fusevol.provision.hostpath import (
     ClaimToProvision,
     HostPathProvisioner,
 )
-from fusevol.source.provisioned import ManifestVolumeRecorder
+from fusevol.provision.record import ManifestVolumeRecorder
 
 if TYPE_CHECKING:
     from pathlib import Path

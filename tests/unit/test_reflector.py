@@ -1,4 +1,4 @@
-"""The reflector (`fusevol.source.kube.reflector`) over a scripted client: each numbered step of
+"""The reflector (`fusevol.kube.reflector`) over a scripted client: each numbered step of
 its docstring, with the exact calls it makes, in order.
 
 The client answers `list` from a dict and each `open_watch` with a stream the test feeds (events,
@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
+from fusevol.kube.client import ApiUnavailable
+from fusevol.kube.reflector import Backoff, Query, Reflector
 from fusevol.model import Kind
-from fusevol.source.kube.client import ApiUnavailable
-from fusevol.source.kube.reflector import Backoff, Query, Reflector
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
-    from fusevol.source.kube.client import KubeClient
+    from fusevol.kube.client import KubeClient
 
 Obj = dict[str, Any]
 QUERY = Query(Kind.CONFIG_MAP, "default", "metadata.name=app")
@@ -154,7 +154,7 @@ async def test_an_ended_watch_resumes_from_the_last_event_without_a_relist(
 async def test_410_gone_relists_and_replaces_at_once_then_backs_off_if_it_repeats(
     mirror: Mirror, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="fusevol.source.kube.reflector")
+    caplog.set_level(logging.DEBUG, logger="fusevol.kube.reflector")
     gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
     first = await mirror.watching(1)
     mirror.client.items, mirror.client.version = [configmap("20", "compacted")], "20"

@@ -1,8 +1,7 @@
 """The Kubernetes API source: this node's pods and their objects, from an API server.
 
-`client` (the only `import kubernetes`) -> `reflector` (list+watch that survives) -> `source`
-(pods, references, delivery to the store), with `objects` (kubelet's change-detection strategies),
-`tokens` (TokenRequest), `events` (FailedMount), and for the hostpath provisioner `provisioned`
-(its PVs, created and deleted through the API) and `selected` (claims the scheduler chose this node
-for).
+`source` (pods, references, delivery to the store), with `objects` (kubelet's change-detection
+strategies), `tokens` (TokenRequest), and for the hostpath provisioner `selected` (claims the
+scheduler chose this node for). It reads through the API adapter, `fusevol.kube` (the client and
+the reflector), which also holds what the agent writes to the API (events, provisioned PVs).
 """

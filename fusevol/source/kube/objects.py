@@ -30,15 +30,15 @@ import trio
 
 from fusevol.decode.objects import convert_object
 from fusevol.errors import FusevolError, ManifestError
+from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
-from fusevol.source.kube.reflector import Query, Reflector
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.cache.store import ObjectStore
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import KubeObject, ObjectKey
-    from fusevol.source.kube.client import KubeClient, Obj
 
 log = logging.getLogger(__name__)
 

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import Kind, ObjectKey
-from fusevol.source.kube.reflector import Query, Reflector
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fusevol.source.kube.client import KubeClient, Obj
+    from fusevol.kube.client import KubeClient, Obj
 
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 

@@ -41,6 +41,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.kube.events import EventRecorder
+from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import (
     Kind,
     ObjectKey,
@@ -52,7 +54,6 @@ from fusevol.model import (
     referenced_objects,
 )
 from fusevol.settings import ChangeDetection
-from fusevol.source.kube.events import EventRecorder
 from fusevol.source.kube.objects import (
     FetchedObjects,
     ObjectTracker,
@@ -60,7 +61,6 @@ from fusevol.source.kube.objects import (
     WatchedObjects,
     convert,
 )
-from fusevol.source.kube.reflector import Query, Reflector
 from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
@@ -69,9 +69,9 @@ if TYPE_CHECKING:
 
     from fusevol.cache.desired import VolumeToServe
     from fusevol.cache.store import ObjectStore
+    from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.provisioned import KubeVolumeRecorder
     from fusevol.settings import KubeSettings
-    from fusevol.source.kube.client import KubeClient, Obj
-    from fusevol.source.kube.provisioned import KubeVolumeRecorder
 
 log = logging.getLogger(__name__)
 

@@ -42,8 +42,8 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
     from fusevol.cache.store import ObjectStore
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import ObjectKey, Pod
-    from fusevol.source.kube.client import KubeClient, Obj
 
 log = logging.getLogger(__name__)
 

@@ -37,13 +37,13 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from fusevol.source.kube.client import ApiError, ApiUnavailable
+from fusevol.kube.client import ApiError, ApiUnavailable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
+    from fusevol.kube.client import KubeClient, Obj, WatchStream
     from fusevol.model import Kind
-    from fusevol.source.kube.client import KubeClient, Obj, WatchStream
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ import trio
 from fusevol.errors import FusevolError
 
 if TYPE_CHECKING:
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import Pod
-    from fusevol.source.kube.client import KubeClient, Obj
 
 log = logging.getLogger(__name__)
 

@@ -26,14 +26,15 @@ import dataclasses
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol.decode.manifest import parse_manifest
 from fusevol.errors import ManifestError, VolumeSetupError
 from fusevol.fsutil import replace_file
-from fusevol.model import LocalVolumeSource, PersistentVolume, ResourceVersion
+from fusevol.kube.documents import to_document
+from fusevol.model import PersistentVolume, ResourceVersion
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
     from fusevol.model import ObjectKey
 
 log = logging.getLogger(__name__)
-
-_HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 class ManifestVolumeRecorder:
@@ -117,31 +116,3 @@ class ManifestVolumeRecorder:
                 f"cannot record provisioned volumes in {self._path}: {exc}"
             ) from None
         self._volumes = volumes
-
-
-def to_document(pv: PersistentVolume) -> dict[str, Any]:
-    """`pv` as the API shows a provisioned local PV."""
-    assert isinstance(pv.source, LocalVolumeSource), pv
-    spec: dict[str, Any] = {
-        "accessModes": ["ReadWriteOnce"],
-        "persistentVolumeReclaimPolicy": pv.reclaim_policy or "Delete",
-        "storageClassName": pv.storage_class_name,
-        "volumeMode": "Filesystem",
-        "local": {"path": pv.source.path},
-    }
-    if pv.capacity:
-        spec["capacity"] = {"storage": pv.capacity}
-    if pv.mount_options:
-        spec["mountOptions"] = list(pv.mount_options)
-    if pv.claim_ref is not None:
-        namespace, name = pv.claim_ref
-        ref = {"kind": "PersistentVolumeClaim", "namespace": namespace, "name": name}
-        spec["claimRef"] = {**ref, "uid": pv.claim_uid} if pv.claim_uid else ref
-    if pv.node_names:
-        expression = {"key": _HOSTNAME_LABEL, "operator": "In", "values": list(pv.node_names)}
-        terms = [{"matchExpressions": [expression]}]
-        spec["nodeAffinity"] = {"required": {"nodeSelectorTerms": terms}}
-    metadata: dict[str, Any] = {"name": pv.name, "resourceVersion": pv.resource_version}
-    if pv.annotations:
-        metadata["annotations"] = dict(pv.annotations)
-    return {"apiVersion": "v1", "kind": "PersistentVolume", "metadata": metadata, "spec": spec}
