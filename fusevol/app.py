@@ -24,7 +24,7 @@ Two kinds of stop (`stop()`):
   "Restarts").
 - SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
   FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
-  unmount waits on a dead server. `fusevol teardown` (`tear_down`) does the same after a
+  unmount waits on a dead server. `fusevol teardown` (fusevol/teardown.py) does the same after a
   handing-over stop or a crash.
 """
 
@@ -35,7 +35,7 @@ import functools
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -44,7 +44,6 @@ from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
-from fusevol.errors import FusevolError
 from fusevol.fuse import snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
@@ -56,8 +55,7 @@ from fusevol.metrics import Metrics
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.populator import ConfigSource, KubeletAnnotations, Populator
 from fusevol.projection.downward import node_allocatable
-from fusevol.provision.hostpath import PROVISIONER, HostPathProvisioner
-from fusevol.provision.record import ManifestVolumeRecorder
+from fusevol.provision.hostpath import HostPathProvisioner
 from fusevol.reconciler.executor import Executor
 from fusevol.reconciler.loop import Reconciler
 from fusevol.reconciler.reconstruct import (
@@ -68,81 +66,19 @@ from fusevol.reconciler.reconstruct import (
 )
 from fusevol.reconciler.volumes import Volumes
 from fusevol.server import HealthServer
-from fusevol.source.local import ManifestSource
+from fusevol.sources import build_source
 from fusevol.status import StatusReporter
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-    from pathlib import Path
 
-    from fusevol.cache.desired import VolumeToServe
-    from fusevol.csi.node import Tracker
     from fusevol.csi.server import CsiServer
-    from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.settings import Settings
 
 log = logging.getLogger(__name__)
 
 STOP_TIMEOUT_S = 60.0
 """A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
-
-
-class Source(Protocol):
-    """Where pods and the objects they reference come from: a manifest directory
-    (fusevol.source.local) or the Kubernetes API (fusevol.source.kube)."""
-
-    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None:
-        """Deliver the complete initial state to the store, report started, then follow it."""
-
-    def volume_failed(self, volume: VolumeToServe, error: str) -> None:
-        """Record a failed set-up or refresh where the source's users see it."""
-
-    def statistics(self) -> Any:
-        """A frozen dataclass of counters, for the status snapshot."""
-
-
-class BuiltSource(NamedTuple):
-    source: Source
-    recorder: VolumeRecorder
-    """Where provisioned PVs are recorded: through the API, or in the agent's own file."""
-    manifest_recorder: ManifestVolumeRecorder | None
-    """The agent's own record, which it loads before any source runs (manifests only)."""
-    csi_track: Tracker | None
-    """How the CSI plugin has the source keep a published volume's objects current (the API
-    source's `track`; None for manifests, which hold every object of their directory)."""
-    name: str
-    """The source in the CSI plugin's refusals."""
-
-
-def _build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
-    """The source the settings ask for, and what the agent needs of it."""
-    if settings.kube is not None:
-        # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
-        from fusevol.kube.client import KubeClient
-        from fusevol.kube.provisioned import KubeVolumeRecorder
-        from fusevol.source.kube.source import KubeSource
-
-        client = KubeClient(kubeconfig=settings.kube.kubeconfig)
-        recorder = KubeVolumeRecorder(
-            client=client, node_name=settings.node_name, provisioner=PROVISIONER
-        )
-        source = KubeSource(
-            client=client,
-            node_name=settings.node_name,
-            store=store,
-            settings=settings.kube,
-            recorder=recorder,
-        )
-        return BuiltSource(source, recorder, None, source.track, "API source")
-    if settings.manifests is None:
-        raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
-    manifest_recorder = ManifestVolumeRecorder(
-        path=layout.provisioned_file(settings.root), store=store
-    )
-    manifests = ManifestSource(
-        directory=settings.manifests, node_name=settings.node_name, store=store
-    )
-    return BuiltSource(manifests, manifest_recorder, manifest_recorder, None, "manifest source")
 
 
 class Agent:
@@ -188,7 +124,7 @@ class Agent:
             observe_propagation=self.metrics.update_propagation.observe,
             git_timeout_s=settings.mount.git_timeout_s,
         )
-        built = _build_source(settings, self.store)
+        built = build_source(settings, self.store)
         self.source = built.source
         self._manifest_recorder = built.manifest_recorder
         self.provisioner = HostPathProvisioner(
@@ -460,22 +396,3 @@ async def _stop_on_signals(agent: Agent, signals: AsyncIterator[int]) -> None:
             "hand over" if handover else "tear down",
         )
         agent.stop(handover=handover)
-
-
-async def tear_down(root: Path, *, command_timeout_s: float) -> int:
-    """`fusevol teardown`: what SIGINT's stop does last, for a root no agent runs on (after a
-    handing-over stop, or a crash): unmount every pod volume (a lame duck's, live, or dead ones),
-    remove the pod directories, detach a dead FUSE mount, and let a lame duck go. Refused while
-    an agent runs. Returns the number of mounts removed."""
-    backend = LinuxMountBackend(command_timeout_s=command_timeout_s)
-    lock = await AgentLock.acquire(root, backend)
-    try:
-        predecessor = await find_predecessor(layout.handover_socket(root))
-        removed = await unmount_all_below(backend, layout.pods_dir(root))
-        await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
-        removed += await detach_dead_fuse_mounts(backend, root)
-        if predecessor is not None:  # its binds are gone: nothing left to serve
-            await predecessor.release()
-        return removed
-    finally:
-        lock.release()

@@ -296,8 +296,8 @@ def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
 def _teardown(args: argparse.Namespace) -> int:
     import trio
 
-    from fusevol.app import tear_down
     from fusevol.settings import MountSettings
+    from fusevol.teardown import tear_down
 
     log.setup("info")
     removed = trio.run(
