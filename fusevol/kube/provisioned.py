@@ -67,10 +67,8 @@ class KubeVolumeRecorder:
         self._volumes: dict[str, PersistentVolume] = {}
         self._recording: dict[str, ObjectKey] = {}
         """PV name -> its claim, while `record` creates it: the claim stays tracked meanwhile."""
-        self.claim_read: Callable[[ObjectKey], bool] = lambda key: False
-        """Whether the source has read `key` since it tracks it (the source sets it)."""
-        self.on_change: Callable[[], None] = lambda: None
-        """Called when the set of recorded PVs (or their claims) changed."""
+        self._claim_read: Callable[[ObjectKey], bool] = lambda key: False
+        self._on_change: Callable[[], None] = lambda: None
         self.reflector = Reflector(
             client=client,
             query=Query(Kind.PERSISTENT_VOLUME, None, "", f"{NODE_LABEL}={node_name}"),
@@ -84,8 +82,13 @@ class KubeVolumeRecorder:
         """Set after the first complete list."""
         return self.reflector.synced
 
-    async def run(self) -> None:
-        """Mirror this node's PVs until cancelled."""
+    async def run(
+        self, *, claim_read: Callable[[ObjectKey], bool], on_change: Callable[[], None]
+    ) -> None:
+        """Mirror this node's PVs until cancelled, for the source that tracks their claims:
+        `claim_read(key)` says whether it has read claim `key` since it began tracking it;
+        `on_change()` is called when the recorded PVs (or their claims) changed."""
+        self._claim_read, self._on_change = claim_read, on_change
         await self.reflector.run()
 
     def claim_keys(self) -> set[ObjectKey]:
@@ -102,7 +105,7 @@ class KubeVolumeRecorder:
         }
 
     def claim_known(self, key: ObjectKey) -> bool:
-        return self.claim_read(key)
+        return self._claim_read(key)
 
     # -- VolumeRecorder ----------------------------------------------------------------------------
 
@@ -127,7 +130,7 @@ class KubeVolumeRecorder:
             self._put(obj)
         finally:
             if self._recording.pop(pv.name, None) is not None and pv.name not in self._volumes:
-                self.on_change()  # not recorded: its claim may not be wanted any more
+                self._on_change()  # not recorded: its claim may not be wanted any more
         log.info("persistentvolume created pv=%s claim=%s/%s", pv.name, *(pv.claim_ref or ("", "")))
 
     async def _create(self, name: str, document: Obj) -> Obj:
@@ -152,7 +155,7 @@ class KubeVolumeRecorder:
     async def forget(self, pv: PersistentVolume) -> None:
         deleted = await trio.to_thread.run_sync(self._client.delete_persistent_volume, pv.name)
         if self._volumes.pop(pv.name, None) is not None:
-            self.on_change()
+            self._on_change()
         if deleted:
             log.info("persistentvolume deleted pv=%s", pv.name)
 
@@ -166,13 +169,13 @@ class KubeVolumeRecorder:
                 volumes[obj.name] = obj
         if volumes != self._volumes:
             self._volumes = volumes
-            self.on_change()
+            self._on_change()
 
     async def _event(self, kind: str, raw: Obj) -> None:
         if kind == "DELETED":
             name = str((raw.get("metadata") or {}).get("name", ""))
             if self._volumes.pop(name, None) is not None:
-                self.on_change()
+                self._on_change()
             return
         obj = self._convert(raw)
         if isinstance(obj, PersistentVolume) and self._ours(obj):
@@ -192,7 +195,7 @@ class KubeVolumeRecorder:
             return  # the create's answer after the watch brought a later version
         self._volumes[pv.name] = pv
         if old is None or old.claim_ref != pv.claim_ref:
-            self.on_change()
+            self._on_change()
 
     def _ours(self, pv: PersistentVolume) -> bool:
         return (

@@ -34,6 +34,7 @@ Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), str
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import math
 from dataclasses import dataclass
@@ -159,9 +160,13 @@ class KubeSource:
             nursery.start_soon(pods.run)
             await pods.synced.wait()
             if self._recorder is not None:
-                self._recorder.on_change = self._claim_changed
-                self._recorder.claim_read = self._objects.read
-                nursery.start_soon(self._recorder.run)
+                nursery.start_soon(
+                    functools.partial(
+                        self._recorder.run,
+                        claim_read=self._objects.read,
+                        on_change=self._claim_changed,
+                    )
+                )
                 if self._selected is not None:
                     nursery.start_soon(self._selected.run)
                 await self._recorder.synced.wait()
