@@ -51,12 +51,15 @@ def test_pods_of_this_node_are_served_and_follow_their_configmap(
         # One watch for the node's pods, one per referenced object, each by name, one for the
         # PVs this node provisioned (by label: fusevol.io/node=test-node), one for the claims
         # (those the scheduler selects this node for: an annotation, which no selector reaches).
-        assert sorted(api.open_watches()) == [
+        # A watch opens after its list: the volume can be mounted from the pods' list before
+        # the pods' watch is open.
+        expected = [
             ("configmaps", "default", "metadata.name=app"),
             ("persistentvolumeclaims", None, ""),
             ("persistentvolumes", None, ""),
             ("pods", None, "spec.nodeName=test-node"),
         ]
+        wait_for(lambda: sorted(api.open_watches()) == expected, timeout_s=5)
         for value in ("v0", "v1", "v2"):
             api.update(configmap("app", {"a": value}))
             wait_for(functools.partial(lambda v: read(key) == v, value), timeout_s=5)
