@@ -45,7 +45,7 @@ from fusevol.cache.desired import DesiredState
 from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
 from fusevol.errors import FusevolError
-from fusevol.fuse import snapshot
+from fusevol.fuse import follow_process, snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, serve
@@ -363,6 +363,7 @@ class Agent:
             await self.reconciler.unmount_all()
             await unmount_all_below(self.backend, layout.pods_dir(root))
             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+            await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
         if predecessor is not None:  # its binds went with ours
             with trio.CancelScope(shield=True):
                 await predecessor.release()
@@ -473,6 +474,7 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
         predecessor = await find_predecessor(layout.handover_socket(root))
         removed = await unmount_all_below(backend, layout.pods_dir(root))
         await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+        await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
         removed += await detach_dead_fuse_mounts(backend, root)
         if predecessor is not None:  # its binds are gone: nothing left to serve
             await predecessor.release()

@@ -26,6 +26,7 @@ from fusevol import layout
 from fusevol.cache.actual import MountState
 from fusevol.fsutil import flock_held, replace_file
 from fusevol.mount.linux import LinuxMountBackend
+from fusevol.subpath import container_mounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,6 +84,7 @@ class StatusReporter:
                 "name": pod.name,
                 "desired": True,
                 "volumes": {},
+                "containers": container_mounts(pod),
             }
         for volume in self._desired.volumes_to_serve():
             pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)

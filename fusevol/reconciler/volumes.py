@@ -21,6 +21,7 @@ from fusevol.errors import VolumeSetupError
 from fusevol.mount.plugins import MountPlugins
 from fusevol.reconciler.reconstruct import remove_pod_dir
 from fusevol.reconciler.served import ServedVolumes
+from fusevol.reconciler.subpaths import SubpathViews
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -57,6 +58,8 @@ class Volumes:
             observe_propagation=observe_propagation,
         )
         self.mounted = MountPlugins(root=root, backend=backend, git_timeout_s=git_timeout_s)
+        self.views = SubpathViews(root=root, backend=backend)
+        """subPath views of the served volumes, made with them (`fusevol.reconciler.subpaths`)."""
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume is built from; a set-up volume is refreshed when this changes."""
@@ -92,6 +95,7 @@ class Volumes:
         if plugin.served_from_memory:
             inputs = await self.served.set_up(volume)
             path = self.served.path(volume)
+            await self.views.set_up(volume)
         else:
             inputs = self.inputs(volume)
             path = await self.mounted.set_up(volume)
@@ -108,12 +112,14 @@ class Volumes:
     async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
         if mounted.plugin.served_from_memory:
             inputs = await self.served.refresh(volume)
+            await self.views.set_up(volume)
         else:
             inputs = self.inputs(volume)
         return self.refreshed(mounted, inputs)
 
     async def tear_down(self, mounted: MountedVolume) -> None:
         if mounted.plugin.served_from_memory:
+            await self.views.tear_down(mounted.pod_uid, mounted.spec_name)
             await self.served.tear_down(mounted.pod_uid, mounted.spec_name, mounted.path)
         else:
             await self.mounted.tear_down(mounted.plugin, mounted.path)
