@@ -224,10 +224,7 @@ def resolve(root: str, pod: Mapping[str, Any], container_name: str) -> list[Moun
     containers = {c["name"]: c for c in pod.get("containers") or []}
     if container_name not in containers:
         known = ", ".join(sorted(containers)) or "none"
-        raise SubPathError(
-            f"pod {pod['namespace']}/{pod['name']}: no container {container_name!r} "
-            f"(containers: {known})"
-        )
+        raise SubPathError(f"no container {container_name!r} (containers: {known})")
     volumes = {v["name"]: v for v in pod["volumes"]}
     mounts = []
     for entry in containers[container_name]["mounts"]:

@@ -11,7 +11,9 @@ what an open reads is the version that was current at that open.
            getattr and open (symlinks followed: `key -> ..data/key`)
 
 1. Only the four served plugin directories are reachable (never a volume that a container can
-   write into: no symlink of a pod's making is ever followed), names `.`/`..` are refused.
+   write into: no symlink of a pod's making is ever followed), names `.`/`..` are refused, and
+   the levels above a volume are root's alone (0700): a container reaches a view only through
+   its bind, as a host user reaches a volume only through the pod directory (0750).
 2. An inode stands for a *path*, not a version: the node bound at a view keeps its number, and its
    attributes are those of what the path resolves to now (timeouts 0: asked again each time).
 3. `open` opens the path through the pod volume directory and keeps that file descriptor as the
@@ -100,8 +102,8 @@ class FollowOperations(pyfuse3.Operations):
 
     async def _stat(self, inode: int) -> pyfuse3.EntryAttributes:
         parts = self._parts(inode)
-        if len(parts) < 3:  # the levels above a volume: plain directories
-            return _attributes(inode, stat.S_IFDIR | 0o555, 0, 0, 0, time.time_ns())
+        if len(parts) < 3:  # the levels above a volume: root's alone (as the pod directories)
+            return _attributes(inode, stat.S_IFDIR | 0o700, 0, 0, 0, time.time_ns())
         try:
             st = await trio.to_thread.run_sync(os.stat, self.real_path(parts))
         except OSError as exc:
