@@ -269,3 +269,89 @@ def _views(root: Path) -> list[str]:
 
 def _sh(script: str) -> tuple[str, ...]:
     return ("sh", "-c", script)
+
+
+SECRET_POD = """\
+apiVersion: v1
+kind: Secret
+metadata: {name: creds, namespace: default}
+stringData: {token: t0ken}
+---
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: flags, namespace: default}
+data: {a: "1"}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: keys, namespace: default, uid: eeeeeeee-0000-4000-8000-000000000019}
+spec:
+  containers:
+    - name: app
+      volumeMounts:
+        - {name: creds, mountPath: /run/token, subPath: token}
+        - {name: flags, mountPath: /etc/flag-b, subPath: b}
+  volumes:
+    - {name: creds, secret: {secretName: creds, defaultMode: 0400}}
+    - {name: flags, configMap: {name: flags}}
+"""
+KEYS_UID = "eeeeeeee-0000-4000-8000-000000000019"
+
+
+def test_views_keep_modes_refuse_writes_wait_for_their_path_and_go_with_the_pod(
+    containerd: Containerd, rootfs: Path, tmp_path: Path
+) -> None:
+    """A secret key's view keeps its mode (root's 0400: uid 1000 refused), writes are EROFS; a
+    subPath the ConfigMap does not have yet keeps `wait` waiting, naming the mount, until an edit
+    brings it; a deleted pod takes its views along; SIGINT stops the follow server."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "keys.yaml").write_text(SECRET_POD)
+    agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
+    try:
+        root = str(agent.root)
+        waited = fusevol("wait", "--root", root, "default/keys", "--timeout", "2s")
+        assert waited.returncode == 1
+        assert (
+            "container 'app' volumeMount 1 (flags at /etc/flag-b): subPath view 'b' not set up"
+            in waited.stderr
+        ), waited.stderr
+        write_atomically(
+            manifests / "keys.yaml", SECRET_POD.replace('{a: "1"}', '{a: "1", b: "2"}')
+        )
+        waited = fusevol("wait", "--root", root, "default/keys", "--timeout", "30s")
+        assert waited.returncode == 0, waited.stderr
+        mounts = shlex.split(
+            fusevol("mounts", "--root", root, "default/keys", "--container", "app").stdout
+        )[1::2]
+        name = containerd.run("keys", rootfs, *mounts, command=("sleep", "600"))
+        try:
+            assert containerd.exec(name, "cat", "/run/token").stdout == "t0ken"
+            assert containerd.exec(name, "stat", "-c", "%a %u", "/run/token").stdout.strip() == (
+                "400 0"
+            )
+            denied = containerd.exec(name, "cat", "/run/token", user=1000)
+            assert "Permission denied" in denied.stderr + denied.stdout, denied
+            assert containerd.exec(name, "cat", "/etc/flag-b", user=1000).stdout == "2"
+            for command in ("echo x > /etc/flag-b", "echo x > /run/token"):
+                result = containerd.exec(name, "sh", "-c", command)
+                assert "Read-only file system" in result.stderr + result.stdout, (command, result)
+        finally:
+            containerd.remove(name)
+        pod_dir = agent.root / "pods" / KEYS_UID
+        assert len(_views(agent.root)) == 2
+        (manifests / "keys.yaml").write_text(SECRET_POD.split("---\n")[0])  # the pod goes
+        wait_for(lambda: not pod_dir.exists())
+        assert _views(agent.root) == []
+        follow = agent.root / "fusevol" / "follow"
+        assert str(follow) in mounts_below(agent.root)  # the server stays while the agent runs
+        agent.stop()  # SIGINT: no mount left, the follow server included
+        assert mounts_below(agent.root) == []
+        assert (
+            subprocess.run(
+                ["pgrep", "-f", f"fusevol.fuse.follow --root {agent.root}"], check=False
+            ).returncode
+            == 1
+        )
+    finally:
+        force_stop(agent)
