@@ -103,6 +103,7 @@ class StatusReporter:
             entry[volume.volume.name]["type"] = (
                 volume.plugin.short_name if volume.plugin else "unresolved"
             )
+            entry[volume.volume.name]["read_only"] = volume.read_only  # fusevol mounts: ro
         for mounted in self._actual.mounted_volumes():
             pod_entry = pods.setdefault(
                 mounted.pod_uid,

@@ -21,10 +21,11 @@ layout only.
    <index>` (index: the mount's position in the container's volumeMounts), which the agent keeps
    following the volume's current version (`fusevol.fuse.follow`). A subPath into another volume
    binds `<volume path>/<subPath>`.
-4. **Options** (kubelet's CRI mounts): `ro` for readOnly mounts and for the served types (always
-   read-only under kubelet), propagation `None` -> `rprivate`, `HostToContainer` -> `rslave`,
-   `Bidirectional` -> `rshared`; served volumes and their views get at least `rslave`, so that a
-   container sees the binds a restarted agent stacks on dead ones (README, "Restarts").
+4. **Options** (kubelet's CRI mounts): `ro` for readOnly mounts, for read-only volumes (a claim
+   or an nfs source with `readOnly`) and for the served types (always read-only under kubelet);
+   propagation `None` -> `rprivate`, `HostToContainer` -> `rslave`, `Bidirectional` -> `rshared`;
+   served volumes and their views get at least `rslave`, so that a container sees the binds a
+   restarted agent stacks on dead ones (README, "Restarts").
 """
 
 from __future__ import annotations
@@ -219,7 +220,7 @@ def view_path(root: str, uid: str, volume: str, container: str, index: int) -> s
 
 def resolve(root: str, pod: Mapping[str, Any], container_name: str) -> list[Mount]:
     """The bind mounts of `container_name` of `pod` (an entry of the agent's status: `uid`,
-    `volumes` with `name`, `type`, `state`, `path`, `last_error`; `containers` as
+    `volumes` with `name`, `type`, `state`, `path`, `last_error`, `read_only`; `containers` as
     `container_mounts`). Raises SubPathError naming the container, the mount and the reason."""
     containers = {c["name"]: c for c in pod.get("containers") or []}
     if container_name not in containers:
@@ -256,7 +257,7 @@ def resolve(root: str, pod: Mapping[str, Any], container_name: str) -> list[Moun
             Mount(
                 destination=entry["mountPath"],
                 source=source,
-                read_only=bool(entry["readOnly"]) or served,
+                read_only=bool(entry["readOnly"] or volume.get("read_only")) or served,
                 propagation=propagation,
             )
         )

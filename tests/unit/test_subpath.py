@@ -131,6 +131,7 @@ def _status_entry(pod: Pod, **states: str) -> dict[str, Any]:
                 "state": "mounted",
                 "path": "/r/pods/u-1/volumes/kubernetes.io~empty-dir/data",
                 "last_error": None,
+                "read_only": False,
             },
         ],
         "containers": container_mounts(pod),
@@ -164,6 +165,12 @@ def test_resolve_binds_served_volumes_rslave_and_subpaths_through_their_views() 
         "options=rbind:ro:rslave"
     )
     assert mounts[3].oci()["options"] == ["rbind", "ro", "rprivate"]
+    # A mount of a read-only volume (a claim with readOnly) is read-only too, as under kubelet.
+    writable = POD.replace('subPath: "logs//app/", readOnly: true', 'subPath: "logs"')
+    entry = _status_entry(_pod(writable.replace('"$(IP)"', '"$(BASE)"')))
+    assert resolve("/r", entry, "app")[3].options == ["rbind", "rw", "rprivate"]
+    entry["volumes"][1]["read_only"] = True
+    assert resolve("/r", entry, "app")[3].options == ["rbind", "ro", "rprivate"]
 
 
 def test_resolve_errors() -> None:
