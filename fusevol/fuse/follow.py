@@ -25,11 +25,12 @@ what an open reads is the version that was current at that open.
    the modes and owners of the files it resolves to.
 
 Why a second file system: the agent's own mount lets the kernel open files without asking
-(docs/fuse.md fact 4), so it cannot give two opens of one inode two versions. This one is served
-by its own process (`python -m fusevol.fuse.follow --root DIR`, started by the agent when a pod
-needs a view: `fusevol.fuse.follow_process`), which holds no state but its inode numbers and
-outlives agent restarts, so views survive them whatever the containers' mount propagation. It
-reads secrets into memory only, for the read that asked, and logs no content.
+(docs/fuse.md fact 4), so it cannot give two opens of one inode two versions
+(docs/fuse.md fact 13, which also says what still shares the page cache: sendfile and mmap).
+This one is served by its own process (`python -m fusevol.fuse.follow --root DIR`, started by
+the agent when a pod needs a view: `fusevol.fuse.follow_process`), which holds no state but its
+inode numbers and outlives agent restarts, so views survive them whatever the containers' mount
+propagation. It reads secrets into memory only, for the read that asked, and logs no content.
 """
 
 from __future__ import annotations
