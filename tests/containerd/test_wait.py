@@ -4,6 +4,7 @@ appears, and the container then started with `fusevol mounts` reads it."""
 
 from __future__ import annotations
 
+import json
 import shlex
 import subprocess
 import sys
@@ -121,6 +122,49 @@ def test_wait_names_the_missing_volume_then_returns_once_the_configmap_appears(
         check=True,
     ).stdout
     values = shlex.split(mounts)[1::2]
+    # The same as the OCI runtime spec's mounts, and as JSON naming the pod.
+    settings = agent.volume(UID, "configmap", "settings")
+    view = agent.root / "pods" / UID / "volume-subpaths" / "settings" / "app" / "1"
+    oci = json.loads(
+        subprocess.run(
+            fusevol("mounts", "--root", root, UID, "--container", "app", "--format", "oci"),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    )
+    assert oci == [
+        {
+            "destination": "/etc/settings",
+            "type": "bind",
+            "source": str(settings),
+            "options": ["rbind", "ro", "rslave"],
+        },
+        {
+            "destination": "/etc/level",
+            "type": "bind",
+            "source": str(view),
+            "options": ["rbind", "ro", "rslave"],
+        },
+    ]
+    described = json.loads(
+        subprocess.run(
+            fusevol(
+                "mounts", "--root", root, "default/late", "--container", "app", "--format", "json"
+            ),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
+    )
+    assert (described["pod"], described["uid"], described["container"]) == (
+        "default/late",
+        UID,
+        "app",
+    )
+    assert [m["source"] for m in described["mounts"]] == [str(settings), str(view)]
     name = containerd.run("late", rootfs, *values, command=("sleep", "600"))
     try:
         for path in ("/etc/settings/level", "/etc/level"):
