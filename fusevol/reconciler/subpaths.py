@@ -6,13 +6,14 @@ or projected volume, the agent binds the follow file system's node of that path
 
     <root>/pods/<uid>/volume-subpaths/<volume>/<container>/<index>   (a file or a directory)
 
-1. `set_up(volume)`, after the volume is served (its set-up and every refresh): start the follow
-   server if needed, then for each such mount whose path exists in the current version, create the
-   target (an empty file, or a directory, as kubelet does) and bind the view; a view already bound
-   and alive is left as it is, a dead one (a follow server that died) gets a new bind on top.
-   A subPath that does not exist (yet) or cannot be expanded is logged and skipped: the volume
-   itself is served, the view is made at the next refresh that brings the path, and `fusevol
-   mounts` names the mount until then.
+1. `set_up(volume)`, after the volume is served (its set-up and every refresh; a volume whose
+   shared subtree another pod refreshed is refreshed itself while a view is `missing`): start
+   the follow server if needed, then for each such mount whose path exists in the current
+   version, create the target (an empty file, or a directory, as kubelet does) and bind the view;
+   a view already bound and alive is left as it is, a dead one (a follow server that died) gets a
+   new bind on top. A subPath that does not exist (yet) or cannot be expanded is logged and
+   skipped: the volume itself is served, the view is made at the next refresh that brings the
+   path, and `fusevol mounts` names the mount until then.
 2. `tear_down(uid, volume)`, before the volume goes: every view of the volume unmounted, its
    targets and directories removed.
 Views outlive agent restarts with the follow server; the next agent finds them bound.
@@ -72,6 +73,17 @@ class SubpathViews:
                     found.append((container.name, index, sub_path))
         return found
 
+    def missing(self, volume: VolumeToServe) -> bool:
+        """A view of the volume is not bound yet (its path may have come with a version that
+        another pod's refresh of a shared subtree published: the volume must be refreshed)."""
+        return any(
+            not self._backend.is_mount_point(self._target(volume, container, index))
+            for container, index, _ in self.wanted(volume)
+        )
+
+    def _target(self, volume: VolumeToServe, container: str, index: int) -> Path:
+        return views_dir(self._root, volume.pod.uid, volume.volume.name) / container / str(index)
+
     async def set_up(self, volume: VolumeToServe) -> None:
         wanted = self.wanted(volume)
         if not wanted:
@@ -81,9 +93,7 @@ class SubpathViews:
         follow = follow_process.mountpoint(self._root)
         base = follow / volume.pod.uid / volume.plugin.dir_name / volume.spec_name
         for container, index, sub_path in wanted:
-            source = base / sub_path
-            target = views_dir(self._root, volume.pod.uid, volume.volume.name) / container
-            target = target / str(index)
+            source, target = base / sub_path, self._target(volume, container, index)
             try:
                 await self._bind(source, target)
             except (OSError, MountError) as exc:

@@ -78,7 +78,11 @@ class Volumes:
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's content is built from `inputs` already (a shared subtree that
         another pod's refresh published): its refresh is only to record them (`refreshed`)."""
-        return self.shared_subtree(volume) is not None and self.served.is_current(volume, inputs)
+        return (
+            self.shared_subtree(volume) is not None
+            and self.served.is_current(volume, inputs)
+            and not self.views.missing(volume)  # its path came with this version: bind it
+        )
 
     def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
         """`mounted`, now built from `inputs`."""

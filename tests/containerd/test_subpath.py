@@ -15,6 +15,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -25,7 +26,6 @@ from tests.faults.support import force_stop
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
 
 pytestmark = [needs_containerd, pytest.mark.containerd]
 
@@ -353,5 +353,60 @@ def test_views_keep_modes_refuse_writes_wait_for_their_path_and_go_with_the_pod(
             ).returncode
             == 1
         )
+    finally:
+        force_stop(agent)
+
+
+SHARED = """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: shared, namespace: default}
+data: {a: "1"}
+"""
+SHARING_PODS = "".join(
+    f"""\
+---
+apiVersion: v1
+kind: Pod
+metadata: {{name: {name}, namespace: default}}
+spec:
+  containers:
+    - name: app
+      volumeMounts: [{mount}]
+  volumes:
+    - {{name: shared, configMap: {{name: shared}}}}
+"""
+    for name, mount in (
+        ("key-b", "{name: shared, mountPath: /etc/b, subPath: b}"),
+        ("also-b", "{name: shared, mountPath: /etc/b, subPath: b}"),
+    )
+)
+
+
+def test_a_view_comes_with_the_version_that_brings_its_path_in_a_shared_subtree(
+    tmp_path: Path,
+) -> None:
+    """Two pods whose volumes share one subtree, each with a subPath view of key `b`, which the
+    ConfigMap does not have at first: one pod's refresh publishes the version that brings it, the
+    other's volume is current then, and its view is bound all the same."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    (manifests / "pods.yaml").write_text(SHARED + SHARING_PODS)
+    agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
+    try:
+        root = str(agent.root)
+        for pod in ("default/key-b", "default/also-b"):
+            assert fusevol("wait", "--root", root, pod, "--timeout", "1s").returncode == 1
+        for round_ in range(3):  # the views come with the first version that has b, then follow
+            text = SHARED.replace('{a: "1"}', f'{{a: "{round_}", b: "b{round_}"}}')
+            write_atomically(manifests / "pods.yaml", text + SHARING_PODS)
+            for pod in ("default/key-b", "default/also-b"):
+                waited = fusevol("wait", "--root", root, pod, "--timeout", "10s")
+                assert waited.returncode == 0, waited.stderr
+            views = _views(agent.root)
+            assert len(views) == 2
+            assert [Path(view).read_text() for view in views] == [f"b{round_}"] * 2
+        agent.stop()
+        assert mounts_below(agent.root) == []
     finally:
         force_stop(agent)
