@@ -16,6 +16,8 @@ what an open reads is the version that was current at that open.
    its bind, as a host user reaches a volume only through the pod directory (0750).
 2. An inode stands for a *path*, not a version: the node bound at a view keeps its number, and its
    attributes are those of what the path resolves to now (timeouts 0: asked again each time).
+   Numbers are given to paths that exist, and kept while the server runs (`forget` is a no-op):
+   the table grows with the distinct paths of the served volumes, not with failed lookups.
 3. `open` opens the path through the pod volume directory and keeps that file descriptor as the
    handle: the version's file is pinned, so a reader holding it reads one version to its end,
    and the next open resolves `..data` again. Files are opened `direct_io`: reads bypass the page
@@ -102,14 +104,29 @@ class FollowOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOENT) from None
 
     async def _stat(self, inode: int) -> pyfuse3.EntryAttributes:
-        parts = self._parts(inode)
+        return await self._stat_path(self._parts(inode), inode)
+
+    async def _stat_path(
+        self, parts: tuple[bytes, ...], inode: int | None
+    ) -> pyfuse3.EntryAttributes:
+        """The attributes of what `parts` resolves to now; a path that resolves to nothing gets
+        no inode number (`inode` None: numbered once it exists)."""
         if len(parts) < 3:  # the levels above a volume: root's alone (as the pod directories)
-            return _attributes(inode, stat.S_IFDIR | 0o700, 0, 0, 0, time.time_ns())
-        try:
-            st = await trio.to_thread.run_sync(os.stat, self.real_path(parts))
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        return _attributes(inode, st.st_mode, st.st_uid, st.st_gid, st.st_size, st.st_mtime_ns)
+            mode, uid, gid, size, mtime_ns = stat.S_IFDIR | 0o700, 0, 0, 0, time.time_ns()
+        else:
+            try:
+                st = await trio.to_thread.run_sync(os.stat, self.real_path(parts))
+            except OSError as exc:
+                raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            mode, uid, gid, size, mtime_ns = (
+                st.st_mode,
+                st.st_uid,
+                st.st_gid,
+                st.st_size,
+                st.st_mtime_ns,
+            )
+        number = self._inode(parts) if inode is None else inode
+        return _attributes(number, mode, uid, gid, size, mtime_ns)
 
     # -- reading -----------------------------------------------------------------------------------
 
@@ -123,7 +140,7 @@ class FollowOperations(pyfuse3.Operations):
         # A pod or plugin level exists if the pod volume directory does.
         if len(parts) < 3 and not await trio.to_thread.run_sync(os.path.isdir, level):
             raise pyfuse3.FUSEError(errno.ENOENT)
-        return await self._stat(self._inode(parts))
+        return await self._stat_path(parts, None)
 
     def _plugin(self, parts: tuple[bytes, ...]) -> bytes:
         return os.path.join(self._pods, parts[0], b"volumes", parts[1])

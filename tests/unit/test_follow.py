@@ -89,3 +89,13 @@ async def test_only_served_volumes_are_reachable_read_only_and_root_alone_above_
     with pytest.raises(pyfuse3.FUSEError) as caught:
         await ops.write(0, 0, b"x")
     assert caught.value.errno == errno.EROFS
+
+
+async def test_a_failed_lookup_numbers_no_inode(pods: Path) -> None:
+    ops = FollowOperations(pods)
+    config = await _walk(ops, "u1", "kubernetes.io~configmap", "config")
+    for i in range(50):
+        with pytest.raises(pyfuse3.FUSEError):
+            await ops.lookup(config, f"absent-{i}".encode(), CTX)
+    key = await _walk(ops, "u1", "kubernetes.io~configmap", "config", "key")
+    assert key == config + 1
