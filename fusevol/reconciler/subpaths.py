@@ -13,7 +13,8 @@ or projected volume, the agent binds the follow file system's node of that path
    a view already bound and alive is left as it is, a dead one (a follow server that died) gets a
    new bind on top. A subPath that does not exist (yet) or cannot be expanded is logged and
    skipped: the volume itself is served, the view is made at the next refresh that brings the
-   path, and `fusevol mounts` names the mount until then.
+   path, and `fusevol mounts` names the mount until then. A view never fails its volume (nor
+   does a follow server that cannot start): the error is logged, `fusevol wait` names it.
 2. `tear_down(uid, volume)`, before the volume goes: every view of the volume unmounted, its
    targets and directories removed.
 Views outlive agent restarts with the follow server; the next agent finds them bound.
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol import layout
-from fusevol.errors import MountError
+from fusevol.errors import MountError, VolumeSetupError
 from fusevol.fsutil import mkdir_all
 from fusevol.fuse import follow_process
 from fusevol.subpath import SubPathError, mount_subpath
@@ -89,7 +90,11 @@ class SubpathViews:
         if not wanted:
             return
         assert volume.plugin is not None
-        await trio.to_thread.run_sync(follow_process.ensure_running, self._root)
+        try:
+            await trio.to_thread.run_sync(follow_process.ensure_running, self._root)
+        except (VolumeSetupError, OSError) as exc:  # the volume is served all the same
+            log.error("subPath views not made pod=%s/%s error=%s", *_pod(volume), exc)
+            return
         follow = follow_process.mountpoint(self._root)
         base = follow / volume.pod.uid / volume.plugin.dir_name / volume.spec_name
         for container, index, sub_path in wanted:
@@ -127,6 +132,10 @@ class SubpathViews:
             if mp.path.startswith(prefix):
                 await self._backend.unmount(Path(mp.path))
         await trio.to_thread.run_sync(remove_views, top)
+
+
+def _pod(volume: VolumeToServe) -> tuple[str, str]:
+    return volume.pod.namespace, volume.pod.name
 
 
 def remove_views(top: Path) -> None:
