@@ -44,7 +44,7 @@ from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
-from fusevol.fuse import snapshot
+from fusevol.fuse import follow_process, snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, serve
@@ -299,6 +299,7 @@ class Agent:
             await self.reconciler.unmount_all()
             await unmount_all_below(self.backend, layout.pods_dir(root))
             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+            await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
         if predecessor is not None:  # its binds went with ours
             with trio.CancelScope(shield=True):
                 await predecessor.release()

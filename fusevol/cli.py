@@ -4,6 +4,8 @@
                 [--change-detection Watch|Cache|Get] [--root DIR] [--node-name NAME] ...
     fusevol status [--root DIR] [--json]
     fusevol teardown [--root DIR]
+    fusevol wait [--root DIR] POD [--timeout 2m]
+    fusevol mounts [--root DIR] POD --container NAME [--format ctr|oci|json]
 
 The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
 source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
@@ -178,6 +180,42 @@ def _parser() -> argparse.ArgumentParser:
         "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
     )
     show.add_argument("--json", action="store_true", help="print it as JSON")
+
+    wait = commands.add_parser(
+        "wait",
+        help="wait until every volume of a pod (and its containers' subPath views) is set up",
+        description="Exit 0 once every volume of POD is set up; on timeout exit 1 naming each "
+        "volume not ready and its last error.",
+    )
+    wait.add_argument(
+        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
+    )
+    wait.add_argument("pod", metavar="POD", help="namespace/name or uid")
+    wait.add_argument(
+        "--timeout",
+        default="2m",
+        metavar="DURATION",
+        help="give up after this long: 2m, 90s, 1m30s, 500ms (default: %(default)s)",
+    )
+
+    mounts = commands.add_parser(
+        "mounts",
+        help="a container's volumeMounts resolved to bind mounts, for a runtime without kubelet",
+        description="Print the container's volumeMounts as kubelet resolves them (mountPath, "
+        "readOnly, subPath, subPathExpr, mountPropagation): fusevol volumes bound rslave.",
+    )
+    mounts.add_argument(
+        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
+    )
+    mounts.add_argument("pod", metavar="POD", help="namespace/name or uid")
+    mounts.add_argument("--container", required=True, metavar="NAME", help="the container")
+    mounts.add_argument(
+        "--format",
+        choices=["ctr", "oci", "json"],
+        default="ctr",
+        help="ctr run --mount arguments, the OCI runtime spec's mounts array, or JSON "
+        "(default: %(default)s)",
+    )
     return parser
 
 
@@ -202,6 +240,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "teardown":
             preflight.check(root=args.root, kubeconfig=None, fuse=False)
             return _teardown(args)
+        if args.command in ("wait", "mounts"):
+            return _runtime(args)
         return _status(args)
     except FusevolError as exc:
         print(f"fusevol: {exc}", file=sys.stderr)
@@ -308,6 +348,24 @@ def _teardown(args: argparse.Namespace) -> int:
         )
     )
     print(f"fusevol: {removed} mounts removed below {args.root}")
+    return 0
+
+
+def _runtime(args: argparse.Namespace) -> int:
+    """`fusevol wait` and `fusevol mounts` (`fusevol.runtime`)."""
+    from fusevol import runtime
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    if args.command == "mounts":
+        print(runtime.mounts(args.root, args.pod, args.container, args.format))
+        return 0
+    timeout_s = runtime.parse_duration(args.timeout)
+    problems = runtime.wait(args.root, args.pod, timeout_s=timeout_s)
+    if problems:
+        print(f"fusevol: {runtime.wait_message(args.pod, timeout_s, problems)}", file=sys.stderr)
+        return 1
     return 0
 
 

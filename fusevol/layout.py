@@ -2,6 +2,9 @@
 
     <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (docs/kubelet.md fact 1)
     <root>/pods/<uid>/plugins/<plugin dir>/<spec name>   a volume's metadata (gitRepo's `ready`)
+    <root>/pods/<uid>/volume-subpaths/<volume>/<container>/<index>   a subPath view
+    <root>/fusevol/follow                                 the views' FUSE mount (its own process;
+                                                          follow.lock, follow.log beside it)
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node

@@ -273,6 +273,22 @@ class VolumeMount:
     mount_path: str
     read_only: bool = False
     sub_path: str = ""
+    sub_path_expr: str = ""
+    """Expanded with the container's env (`$(VAR)`) into the subPath (`fusevol.subpath`)."""
+    mount_propagation: str = ""
+    """`None`, `HostToContainer` or `Bidirectional`; empty: the API's default (`None`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class EnvVar:
+    """A container's env entry: a literal `value`, or a downward-API `field_ref` (the only
+    sources a subPathExpr can use without kubelet; others are kept as `other`)."""
+
+    name: str
+    value: str = ""
+    field_ref: ObjectFieldSelector | None = None
+    other: str = ""
+    """The name of another `valueFrom` source (`secretKeyRef`, ...): known, not resolvable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,6 +305,7 @@ class Container:
     volume_mounts: tuple[VolumeMount, ...] = ()
     run_as_user: int | None = None
     resources: ResourceRequirements = field(default_factory=ResourceRequirements)
+    env: tuple[EnvVar, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from fusevol import layout
 from fusevol.cache.actual import MountState
 from fusevol.fsutil import flock_held, replace_file
 from fusevol.mount.linux import LinuxMountBackend
+from fusevol.subpath import container_mounts
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
     from fusevol.cache.actual import ActualState
     from fusevol.cache.desired import DesiredState, VolumeToServe
-    from fusevol.model import UniqueVolumeName
+    from fusevol.model import Pod, UniqueVolumeName
     from fusevol.reconciler.executor import Executor
 
 
@@ -60,6 +61,7 @@ class StatusReporter:
         self._object_versions = object_versions
         self._min_interval_s = min_interval_s
         self._dirty = trio.Event()
+        self._mounts: dict[str, tuple[Pod, list[dict[str, Any]]]] = {}
 
     def changed(self) -> None:
         self._dirty.set()
@@ -83,6 +85,7 @@ class StatusReporter:
                 "name": pod.name,
                 "desired": True,
                 "volumes": {},
+                "containers": self._container_mounts(pod),
             }
         for volume in self._desired.volumes_to_serve():
             pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)
@@ -101,6 +104,7 @@ class StatusReporter:
             entry[volume.volume.name]["type"] = (
                 volume.plugin.short_name if volume.plugin else "unresolved"
             )
+            entry[volume.volume.name]["read_only"] = volume.read_only  # fusevol mounts: ro
         for mounted in self._actual.mounted_volumes():
             pod_entry = pods.setdefault(
                 mounted.pod_uid,
@@ -117,6 +121,8 @@ class StatusReporter:
                     mounted.name, mounted.spec_name, now
                 )
                 pod_entry["volumes"][mounted.spec_name]["type"] = mounted.plugin.short_name
+        for gone in self._mounts.keys() - pods.keys():
+            del self._mounts[gone]
         for pod_entry in pods.values():
             pod_entry["volumes"] = list(pod_entry["volumes"].values())
         return {
@@ -125,6 +131,13 @@ class StatusReporter:
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
             "statistics": self._statistics(),
         }
+
+    def _container_mounts(self, pod: Pod) -> list[dict[str, Any]]:
+        """`container_mounts(pod)`, computed again only when the pod object changed."""
+        cached = self._mounts.get(pod.uid)
+        if cached is None or cached[0] is not pod:
+            cached = self._mounts[pod.uid] = (pod, container_mounts(pod))
+        return cached[1]
 
     def _volume(self, name: UniqueVolumeName, volume_name: str, now: float) -> dict[str, Any]:
         mounted = self._actual.get(name)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol import layout
+from fusevol.fuse import follow_process
 from fusevol.handover import find_predecessor
 from fusevol.lock import AgentLock
 from fusevol.mount.linux import LinuxMountBackend
@@ -31,6 +32,7 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
         predecessor = await find_predecessor(layout.handover_socket(root))
         removed = await unmount_all_below(backend, layout.pods_dir(root))
         await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+        await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
         removed += await detach_dead_fuse_mounts(backend, root)
         if predecessor is not None:  # its binds are gone: nothing left to serve
             await predecessor.release()

@@ -321,6 +321,7 @@ def _containers(
                     limits=r.quantity_map(resources.get("limits"), f"{at}.resources.limits"),
                     requests=r.quantity_map(resources.get("requests"), f"{at}.resources.requests"),
                 ),
+                env=_env(r, container.get("env"), path=f"{at}.env"),
             )
         )
     return tuple(containers)
@@ -336,4 +337,51 @@ def _mount(r: Reader, value: object, *, path: str, volumes: frozenset[str]) -> m
         mount_path=r.string(mount.get("mountPath"), f"{path}.mountPath", required=True),
         read_only=r.boolean(mount.get("readOnly"), f"{path}.readOnly"),
         sub_path=r.string(mount.get("subPath"), f"{path}.subPath"),
+        sub_path_expr=r.string(mount.get("subPathExpr"), f"{path}.subPathExpr"),
+        mount_propagation=_propagation(r, mount.get("mountPropagation"), f"{path}"),
     )
+
+
+_PROPAGATIONS = ("None", "HostToContainer", "Bidirectional")
+
+
+def _propagation(r: Reader, value: object, path: str) -> str:
+    propagation = r.string(value, f"{path}.mountPropagation")
+    if propagation and propagation not in _PROPAGATIONS:
+        r.fail(
+            f"{path}.mountPropagation",
+            f"Unsupported value: {quote(propagation)}: supported values: "
+            + ", ".join(quote(p) for p in _PROPAGATIONS),
+        )
+    return propagation
+
+
+def _env(r: Reader, value: object, *, path: str) -> tuple[model.EnvVar, ...]:
+    """A container's `env`: literal values and downward-API fieldRefs (what a subPathExpr may
+    use here); any other `valueFrom` is kept by name only."""
+    env: list[model.EnvVar] = []
+    for index, raw in enumerate(r.sequence(value, path)):
+        at = f"{path}[{index}]"
+        entry = r.mapping(raw, at)
+        name = r.string(entry.get("name"), f"{at}.name", required=True)
+        source = r.mapping(entry.get("valueFrom"), f"{at}.valueFrom")
+        field_ref = None
+        if "fieldRef" in source:
+            ref = r.mapping(source.get("fieldRef"), f"{at}.valueFrom.fieldRef")
+            field_ref = model.ObjectFieldSelector(
+                field_path=r.string(
+                    ref.get("fieldPath"), f"{at}.valueFrom.fieldRef.fieldPath", required=True
+                ),
+                api_version=r.string(ref.get("apiVersion"), f"{at}.valueFrom.fieldRef.apiVersion")
+                or "v1",
+            )
+        other = next((str(key) for key in source if key != "fieldRef"), "")
+        env.append(
+            model.EnvVar(
+                name=name,
+                value=r.string(entry.get("value"), f"{at}.value"),
+                field_ref=field_ref,
+                other=other,
+            )
+        )
+    return tuple(env)

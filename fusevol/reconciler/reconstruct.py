@@ -25,6 +25,7 @@ from fusevol.cache.actual import MountedVolume, MountState
 from fusevol.errors import MountError
 from fusevol.layout import Plugin
 from fusevol.model import PodUID
+from fusevol.reconciler.subpaths import remove_views
 
 if TYPE_CHECKING:
     from fusevol.mount.backend import MountBackend
@@ -87,6 +88,10 @@ def remove_pod_dir(pod_dir: Path, *, with_volume_dirs: bool = False) -> bool:
     Returns True if the pod directory is gone."""
     volumes = pod_dir / "volumes"
     plugins = pod_dir / "plugins"
+    if with_volume_dirs:  # subPath views left by a volume whose tear-down did not finish
+        with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+            for views in (pod_dir / "volume-subpaths").iterdir():
+                remove_views(views)
     for parent in (volumes, plugins):
         with contextlib.suppress(FileNotFoundError, NotADirectoryError):
             for plugin_dir in parent.iterdir():
@@ -96,7 +101,7 @@ def remove_pod_dir(pod_dir: Path, *, with_volume_dirs: bool = False) -> bool:
                             volume_dir.rmdir()
                 with contextlib.suppress(OSError):
                     plugin_dir.rmdir()
-    for directory in (volumes, plugins, pod_dir):
+    for directory in (volumes, plugins, pod_dir / "volume-subpaths", pod_dir):
         try:
             directory.rmdir()
         except FileNotFoundError:

@@ -21,6 +21,7 @@ from fusevol.errors import VolumeSetupError
 from fusevol.mount.plugins import MountPlugins
 from fusevol.reconciler.reconstruct import remove_pod_dir
 from fusevol.reconciler.served import ServedVolumes
+from fusevol.reconciler.subpaths import SubpathViews
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable
@@ -57,6 +58,8 @@ class Volumes:
             observe_propagation=observe_propagation,
         )
         self.mounted = MountPlugins(root=root, backend=backend, git_timeout_s=git_timeout_s)
+        self.views = SubpathViews(root=root, backend=backend)
+        """subPath views of the served volumes, made with them (`fusevol.reconciler.subpaths`)."""
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume is built from; a set-up volume is refreshed when this changes."""
@@ -75,7 +78,11 @@ class Volumes:
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's content is built from `inputs` already (a shared subtree that
         another pod's refresh published): its refresh is only to record them (`refreshed`)."""
-        return self.shared_subtree(volume) is not None and self.served.is_current(volume, inputs)
+        return (
+            self.shared_subtree(volume) is not None
+            and self.served.is_current(volume, inputs)
+            and not self.views.missing(volume)  # its path came with this version: bind it
+        )
 
     def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
         """`mounted`, now built from `inputs`."""
@@ -92,6 +99,7 @@ class Volumes:
         if plugin.served_from_memory:
             inputs = await self.served.set_up(volume)
             path = self.served.path(volume)
+            await self.views.set_up(volume)
         else:
             inputs = self.inputs(volume)
             path = await self.mounted.set_up(volume)
@@ -108,12 +116,14 @@ class Volumes:
     async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
         if mounted.plugin.served_from_memory:
             inputs = await self.served.refresh(volume)
+            await self.views.set_up(volume)
         else:
             inputs = self.inputs(volume)
         return self.refreshed(mounted, inputs)
 
     async def tear_down(self, mounted: MountedVolume) -> None:
         if mounted.plugin.served_from_memory:
+            await self.views.tear_down(mounted.pod_uid, mounted.spec_name)
             await self.served.tear_down(mounted.pod_uid, mounted.spec_name, mounted.path)
         else:
             await self.mounted.tear_down(mounted.plugin, mounted.path)

@@ -1,0 +1,303 @@
+"""The follow file system: subPath views that follow a served volume's current version.
+
+kubelet binds a subPath of a configMap or secret volume as the file it resolves to when the
+container starts, one version's file, so the container never sees an update. A view here is a
+node of a second, small FUSE file system whose every lookup and open goes through the volume's
+*current* `..data`: the bind on kubelet's `volume-subpaths/...` path stays the same node, and
+what an open reads is the version that was current at that open.
+
+    <root>/fusevol/follow/<uid>/<plugin dir>/<volume>/<path...>
+        -> <root>/pods/<uid>/volumes/<plugin dir>/<volume>/<path...>, resolved at each lookup,
+           getattr and open (symlinks followed: `key -> ..data/key`)
+
+1. Only the four served plugin directories are reachable (never a volume that a container can
+   write into: no symlink of a pod's making is ever followed), names `.`/`..` are refused, and
+   the levels above a volume are root's alone (0700): a container reaches a view only through
+   its bind, as a host user reaches a volume only through the pod directory (0750).
+2. An inode stands for a *path*, not a version: the node bound at a view keeps its number, and its
+   attributes are those of what the path resolves to now (timeouts 0: asked again each time).
+   Numbers are given to paths that exist, and kept while the server runs (`forget` is a no-op):
+   the table grows with the distinct paths of the served volumes, not with failed lookups.
+3. `open` opens the path through the pod volume directory and keeps that file descriptor as the
+   handle: the version's file is pinned, so a reader holding it reads one version to its end,
+   and the next open resolves `..data` again. Files are opened `direct_io`: reads bypass the page
+   cache (one page cache per inode would mix versions) and the size the kernel remembers.
+   `opendir` lists the directory at that moment.
+4. Read-only for everyone (EROFS); permission checks are the kernel's (`default_permissions`) on
+   the modes and owners of the files it resolves to.
+
+Why a second file system: the agent's own mount lets the kernel open files without asking
+(docs/fuse.md fact 4), so it cannot give two opens of one inode two versions
+(docs/fuse.md fact 13, which also says what still shares the page cache: sendfile and mmap).
+This one is served by its own process (`python -m fusevol.fuse.follow --root DIR`, started by
+the agent when a pod needs a view: `fusevol.fuse.follow_process`), which holds no state but its
+inode numbers and outlives agent restarts, so views survive them whatever the containers' mount
+propagation. It reads secrets into memory only, for the read that asked, and logs no content.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import os
+import signal
+import stat
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyfuse3
+import trio
+
+from fusevol import layout
+from fusevol.fuse import follow_process
+from fusevol.layout import Plugin
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+_SERVED_DIRS = frozenset(p.dir_name.encode() for p in Plugin if p.served_from_memory)
+_IDLE_EXIT_S = 5.0
+"""Without any view bound and without an agent for this long, the server unmounts and exits."""
+
+
+class FollowOperations(pyfuse3.Operations):
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self, pods: Path) -> None:
+        super().__init__()
+        self._pods = os.fsencode(pods)
+        self._paths: dict[int, tuple[bytes, ...]] = {pyfuse3.ROOT_INODE: ()}
+        self._inodes: dict[tuple[bytes, ...], int] = {(): pyfuse3.ROOT_INODE}
+        self._next = pyfuse3.ROOT_INODE + 1
+        self._dirs: dict[int, list[tuple[bytes, int]]] = {}
+        self._next_dir = 1
+
+    # -- 1, 2. paths and inodes --------------------------------------------------------------------
+
+    def real_path(self, parts: tuple[bytes, ...]) -> bytes:
+        """The pod volume path of follow path `parts` (`uid/plugin dir/volume/...`)."""
+        if len(parts) < 3:
+            return os.path.join(self._pods, *parts[:1])
+        uid, plugin, *rest = parts
+        return os.path.join(self._pods, uid, b"volumes", plugin, *rest)
+
+    def _inode(self, parts: tuple[bytes, ...]) -> int:
+        inode = self._inodes.get(parts)
+        if inode is None:
+            inode = self._inodes[parts] = self._next
+            self._paths[inode] = parts
+            self._next += 1
+        return inode
+
+    def _parts(self, inode: int) -> tuple[bytes, ...]:
+        try:
+            return self._paths[inode]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    async def _stat(self, inode: int) -> pyfuse3.EntryAttributes:
+        return await self._stat_path(self._parts(inode), inode)
+
+    async def _stat_path(
+        self, parts: tuple[bytes, ...], inode: int | None
+    ) -> pyfuse3.EntryAttributes:
+        """The attributes of what `parts` resolves to now; a path that resolves to nothing gets
+        no inode number (`inode` None: numbered once it exists)."""
+        if len(parts) < 3:  # the levels above a volume: root's alone (as the pod directories)
+            mode, uid, gid, size, mtime_ns = stat.S_IFDIR | 0o700, 0, 0, 0, time.time_ns()
+        else:
+            try:
+                st = await trio.to_thread.run_sync(os.stat, self.real_path(parts))
+            except OSError as exc:
+                raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+            mode, uid, gid, size, mtime_ns = (
+                st.st_mode,
+                st.st_uid,
+                st.st_gid,
+                st.st_size,
+                st.st_mtime_ns,
+            )
+        number = self._inode(parts) if inode is None else inode
+        return _attributes(number, mode, uid, gid, size, mtime_ns)
+
+    # -- reading -----------------------------------------------------------------------------------
+
+    async def lookup(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        parts = (*self._parts(parent_inode), bytes(name))
+        if name in (b".", b"..") or (len(parts) == 2 and parts[1] not in _SERVED_DIRS):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        level = self.real_path(parts) if len(parts) == 1 else self._plugin(parts)
+        # A pod or plugin level exists if the pod volume directory does.
+        if len(parts) < 3 and not await trio.to_thread.run_sync(os.path.isdir, level):
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return await self._stat_path(parts, None)
+
+    def _plugin(self, parts: tuple[bytes, ...]) -> bytes:
+        return os.path.join(self._pods, parts[0], b"volumes", parts[1])
+
+    async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
+        pass  # an inode is a path: kept, so a path keeps its number for as long as the server runs
+
+    async def getattr(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.EntryAttributes:
+        return await self._stat(inode)
+
+    async def open(
+        self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileInfo:
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
+        parts = self._parts(inode)
+        if len(parts) < 3:
+            raise pyfuse3.FUSEError(errno.EISDIR)
+        try:
+            fd = await trio.to_thread.run_sync(os.open, self.real_path(parts), os.O_RDONLY)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        return pyfuse3.FileInfo(fh=fd, direct_io=True, keep_cache=False)
+
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        try:
+            return await trio.to_thread.run_sync(os.pread, fh, size, off)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        os.close(fh)
+
+    async def opendir(
+        self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
+    ) -> pyfuse3.FileHandleT:
+        parts = self._parts(inode)
+        path = self.real_path(parts) if len(parts) != 2 else self._plugin(parts)
+        try:
+            names = await trio.to_thread.run_sync(os.listdir, path)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        if len(parts) == 1:
+            names = [n for n in names if n in _SERVED_DIRS]
+        handle = self._next_dir
+        self._next_dir += 1
+        self._dirs[handle] = [(n, self._inode((*parts, n))) for n in sorted(names)]
+        return pyfuse3.FileHandleT(handle)
+
+    async def readdir(
+        self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
+    ) -> None:
+        entries = self._dirs.get(fh, [])
+        for offset, (name, inode) in enumerate(entries[start_id:], start=start_id + 1):
+            try:
+                attrs = await self._stat(inode)
+            except pyfuse3.FUSEError:
+                continue  # gone with the version listed
+            if not pyfuse3.readdir_reply(token, name, attrs, offset):
+                return
+
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        self._dirs.pop(fh, None)
+
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = stats.f_frsize = 4096
+        stats.f_namemax = 255
+        return stats
+
+    # -- 4. refused to everyone --------------------------------------------------------------------
+
+    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+
+def _attributes(
+    inode: int, mode: int, uid: int, gid: int, size: int, mtime_ns: int
+) -> pyfuse3.EntryAttributes:
+    attrs = pyfuse3.EntryAttributes()
+    attrs.st_ino = inode
+    attrs.st_mode = mode
+    attrs.st_nlink = 2 if stat.S_ISDIR(mode) else 1
+    attrs.st_uid = uid
+    attrs.st_gid = gid
+    attrs.st_size = size
+    attrs.st_blksize = 4096
+    attrs.st_blocks = (size + 511) // 512
+    attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime_ns
+    attrs.entry_timeout = 0  # 2: a path may resolve to another version at the next lookup
+    attrs.attr_timeout = 0
+    return attrs
+
+
+async def _serve(root: Path) -> None:
+    """Serve until SIGTERM or SIGINT, or until idle (no view bound, no agent) for a while."""
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(pyfuse3.main)
+
+            async def stop_on_signal() -> None:
+                async for signum in signals:
+                    log.info("follow server stopping signal=%s", signal.Signals(signum).name)
+                    nursery.cancel_scope.cancel()
+                    return
+
+            async def stop_when_idle() -> None:
+                idle_since = None
+                while True:
+                    await trio.sleep(1.0)
+                    busy = await trio.to_thread.run_sync(follow_process.in_use, root)
+                    now = time.monotonic()
+                    idle_since = None if busy else idle_since or now
+                    if idle_since is not None and now - idle_since >= _IDLE_EXIT_S:
+                        log.info("follow server idle: no view and no agent, stopping")
+                        nursery.cancel_scope.cancel()
+                        return
+
+            nursery.start_soon(stop_on_signal)
+            nursery.start_soon(stop_when_idle)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m fusevol.fuse.follow")
+    parser.add_argument("--root", type=Path, required=True)
+    args = parser.parse_args(argv)
+    root = args.root.absolute()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    lock = follow_process.take_lock(root)
+    if lock is None:
+        return 0  # another follow server serves this root
+    mountpoint = layout.agent_dir(root) / "follow"
+    mountpoint.mkdir(mode=0o755, exist_ok=True)
+    options = {
+        f"fsname={follow_process.FSTYPE_SUBTYPE}",
+        f"subtype={follow_process.FSTYPE_SUBTYPE}",
+        "allow_other",
+        "default_permissions",
+        "ro",
+    }
+    pyfuse3.init(FollowOperations(layout.pods_dir(root)), str(mountpoint), options)
+    log.info("follow server serving mountpoint=%s pid=%d", mountpoint, os.getpid())
+    try:
+        trio.run(_serve, root)
+    finally:
+        pyfuse3.close(unmount=True)
+        os.close(lock)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The follow server's process (`fusevol.fuse.follow`): started, found and stopped. No pyfuse3.
+
+One server per root, at `<root>/fusevol/follow`, holding an flock on `<root>/fusevol/follow.lock`
+(its pid written in it). The agent starts it when a pod first needs a subPath view
+(`ensure_running`); it runs in its own session, so it outlives agent restarts (a hand-over, a
+crash and the launcher's takeover) and the views bound from it keep working through them. A clean
+stop of the agent (SIGINT, `fusevol teardown`) unmounts the views and then stops it (`stop`); a
+server left alone (no view bound and no agent on the root for a few seconds: `in_use`) unmounts
+itself and exits, so nothing outlives a root that no agent serves any more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import TYPE_CHECKING
+
+from fusevol import layout
+from fusevol.errors import VolumeSetupError
+from fusevol.fsutil import flock_held
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+FSTYPE_SUBTYPE = "fusevol-follow"
+FSTYPE = f"fuse.{FSTYPE_SUBTYPE}"
+"""The follow file system's type (and every view's) in mountinfo."""
+START_TIMEOUT_S = 10.0
+
+
+def mountpoint(root: Path) -> Path:
+    return layout.agent_dir(root) / "follow"
+
+
+def _lock_path(root: Path) -> Path:
+    return layout.agent_dir(root) / "follow.lock"
+
+
+def take_lock(root: Path) -> int | None:
+    """The server's lock (an open fd, pid written), or None if another server holds it."""
+    fd = os.open(_lock_path(root), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    os.ftruncate(fd, 0)
+    os.write(fd, f"{os.getpid()}\n".encode())
+    return fd
+
+
+def running_pid(root: Path) -> int | None:
+    """The pid of the server that holds the lock, or None if none does."""
+    try:
+        st = os.stat(_lock_path(root))
+        if not flock_held(st):
+            return None
+        text = _lock_path(root).read_text(encoding="ascii", errors="replace").strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def follow_mounts(root: Path) -> list[str]:
+    """Mount points of the follow file system at or below `root` (the server's own and views)."""
+    prefix = os.path.join(os.path.realpath(root), "")
+    found = []
+    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields, _, rest = line.partition(" - ")
+            parts = fields.split()
+            if len(parts) < 5 or rest.split(" ", 1)[0] != FSTYPE:
+                continue
+            path = _unescape(parts[4])
+            if path.startswith(prefix):
+                found.append(path)
+    return found
+
+
+def in_use(root: Path) -> bool:
+    """A view of the server is bound below the root, or an agent runs on it."""
+    own = os.path.realpath(mountpoint(root))
+    if any(path != own for path in follow_mounts(root)):
+        return True
+    try:
+        return flock_held(os.stat(layout.agent_dir(root) / "lock"))
+    except OSError:
+        return False
+
+
+def is_serving(root: Path) -> bool:
+    return running_pid(root) is not None and os.path.realpath(mountpoint(root)) in follow_mounts(
+        root
+    )
+
+
+def ensure_running(root: Path) -> None:
+    """Start the root's follow server unless it serves already; wait until it is mounted.
+    Blocking (up to `START_TIMEOUT_S`): call it from a worker thread."""
+    if is_serving(root):
+        return
+    if running_pid(root) is None:
+        own = os.path.realpath(mountpoint(root))
+        if own in follow_mounts(root):  # a dead server's mount: its views are stacked anew
+            subprocess.run(["umount", "-l", own], check=False, capture_output=True)
+        log_path = layout.agent_dir(root) / "follow.log"
+        with open(log_path, "ab") as log_file:
+            subprocess.Popen(
+                [sys.executable, "-m", "fusevol.fuse.follow", "--root", str(root)],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=log_file,
+                start_new_session=True,
+                close_fds=True,
+            )
+        log.info("follow server started root=%s log=%s", root, log_path)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not is_serving(root):
+        if time.monotonic() > deadline:
+            raise VolumeSetupError(
+                f"the subPath follow server did not start in {START_TIMEOUT_S:g}s "
+                f"(see {layout.agent_dir(root) / 'follow.log'})"
+            )
+        time.sleep(0.05)
+
+
+def stop(root: Path, *, timeout_s: float = 5.0) -> None:
+    """Stop the root's follow server (it unmounts itself); its views must be unmounted first.
+    Blocking: call it from a worker thread."""
+    pid = running_pid(root)
+    if pid is not None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        while running_pid(root) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+    for path in sorted(follow_mounts(root), key=len, reverse=True):
+        subprocess.run(["umount", "-l", path], check=False, capture_output=True)
+    with contextlib.suppress(OSError):
+        os.rmdir(mountpoint(root))
+
+
+def _unescape(path: str) -> str:
+    """mountinfo's octal escapes (`\\040` for a space)."""
+    if "\\" not in path:
+        return path
+    out, i = [], 0
+    while i < len(path):
+        if path[i] == "\\" and path[i + 1 : i + 4].isdigit():
+            out.append(chr(int(path[i + 1 : i + 4], 8)))
+            i += 4
+        else:
+            out.append(path[i])
+            i += 1
+    return "".join(out)
