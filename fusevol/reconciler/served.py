@@ -30,6 +30,7 @@ import hashlib
 import os
 import posixpath
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -76,6 +77,19 @@ ROOT_MODES = {
 }
 
 
+_FACTS_KEPT = 1024
+"""`ServedVolumes._facts` beyond twice the volumes set up: cleared when it grows past this."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    volume: VolumeToServe
+    """The object these are of (identity: a changed pod is a new object)."""
+    subtree: bytes
+    objects: tuple[ObjectKey, ...]
+    downward: bool
+
+
 SHARED = b"shared-"
 """The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
 _NOTHING = object()
@@ -110,6 +124,10 @@ class ServedVolumes:
         current already (`is_current`), however many pods share it."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
+        self._facts: dict[tuple[PodUID, str], _Facts] = {}
+        """What a pass asks of every volume and only its spec decides (`_facts_of`): computed
+        once per `VolumeToServe` object, not on every pass (the populator keeps the same object
+        while the pod is the same)."""
 
     def path(self, volume: VolumeToServe) -> Path:
         """The pod volume directory, or a CSI volume's target path."""
@@ -121,15 +139,34 @@ class ServedVolumes:
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume's content depends on: its spec, the pod's fsGroup, the versions of its
         objects, and for the downward API the pod itself."""
-        pod = volume.pod if _uses_downward_api(volume) else None
-        return (volume.source, volume.pod.fs_group, pod, *self._object_versions(volume))
+        facts = self._facts_of(volume)
+        pod = volume.pod if facts.downward else None
+        versions = []
+        for key in facts.objects:
+            obj = self._store.get(key)
+            versions.append(None if obj is None else obj.resource_version)
+        return (volume.source, volume.pod.fs_group, pod, *versions)
 
     def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
         """The shared subtree the volume is bound to, if it is shared and still the right one."""
         name = self._subtree_of.get((volume.pod.uid, volume.spec_name))
-        if name is None or not name.startswith(SHARED) or name != subtree_name(volume):
+        if name is None or not name.startswith(SHARED) or name != self._facts_of(volume).subtree:
             return None
         return name
+
+    def _facts_of(self, volume: VolumeToServe) -> _Facts:
+        user = (volume.pod.uid, volume.spec_name)
+        facts = self._facts.get(user)
+        if facts is None or facts.volume is not volume:
+            if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
+                self._facts.clear()  # a cache: volumes never set up are dropped with the rest
+            facts = self._facts[user] = _Facts(
+                volume,
+                subtree_name(volume),
+                _referenced_objects(volume),
+                _uses_downward_api(volume),
+            )
+        return facts
 
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's shared subtree was published from `inputs` already (by another
@@ -143,7 +180,7 @@ class ServedVolumes:
         payload = self.render(volume)
         target = self.path(volume)
         try:
-            await self._serve(volume, payload, subtree_name(volume), inputs)
+            await self._serve(volume, payload, self._facts_of(volume).subtree, inputs)
             if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
                 await trio.to_thread.run_sync(mkdir_all, target, 0o750)
             await self._bind(volume, target)
@@ -158,7 +195,7 @@ class ServedVolumes:
         inputs = self.inputs(volume)
         payload = self.render(volume)
         user = (volume.pod.uid, volume.spec_name)
-        name, bound = subtree_name(volume), self._subtree_of.get(user)
+        name, bound = self._facts_of(volume).subtree, self._subtree_of.get(user)
         if bound is not None and bound != name:
             # The pod's volume spec changed (an edited manifest): its files are no longer those
             # of the subtree it shares. Served from the right one, bound on top of the old bind,
@@ -182,6 +219,7 @@ class ServedVolumes:
         await self._backend.unmount(target)
         await trio.to_thread.run_sync(_remove_dir, target)
         user = (uid, spec_name)
+        self._facts.pop(user, None)
         for covered in self._covered.pop(user, []):
             await self._release(user, covered)
         await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
@@ -281,16 +319,11 @@ class ServedVolumes:
 
     def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
         """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
-        return dict(
-            zip(map(str, _referenced_objects(volume)), self._object_versions(volume), strict=True)
-        )
-
-    def _object_versions(self, volume: VolumeToServe) -> tuple[str | None, ...]:
-        versions = []
-        for key in _referenced_objects(volume):
+        versions: dict[str, str | None] = {}
+        for key in self._facts_of(volume).objects:
             obj = self._store.get(key)
-            versions.append(None if obj is None else obj.resource_version)
-        return tuple(versions)
+            versions[str(key)] = None if obj is None else obj.resource_version
+        return versions
 
 
 def subtree_name(volume: VolumeToServe) -> bytes:
