@@ -28,7 +28,7 @@ from fusevol.fsutil import flock_held, replace_file
 from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from fusevol.cache.actual import ActualState
@@ -69,18 +69,35 @@ class StatusReporter:
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            started = trio.current_time()
-            snapshot = self.snapshot()  # on the trio thread: it reads the states
-            spent = trio.current_time() - started
+            # Built on the trio thread (it reads the states), in steps that let the FUSE
+            # requests and the reconciler run in between: with thousands of volumes a snapshot
+            # takes tens of milliseconds, which an update must not wait for.
+            build = self._build()
+            spent = 0.0
+            while True:
+                step = trio.current_time()
+                snapshot = next(build, None)
+                spent += trio.current_time() - step
+                if snapshot is not None:
+                    break
+                await trio.lowlevel.checkpoint()
             await trio.to_thread.run_sync(_write, self._path, snapshot)
-            # With thousands of volumes a snapshot takes milliseconds of the trio thread: it is
-            # then written less often, so that it never takes more than a tenth of that thread.
+            # ... and written less often when it is costly: at most a tenth of the trio thread.
             await trio.sleep(max(self._min_interval_s, _SPACING * spent))
 
     def snapshot(self) -> dict[str, Any]:
+        for snapshot in self._build():
+            if snapshot is not None:
+                return snapshot
+        raise AssertionError("unreachable: _build ends with the snapshot")
+
+    def _build(self) -> Iterator[dict[str, Any] | None]:
+        """The snapshot, built in steps: None after every `_STEP` entries, then the snapshot."""
         now = trio.current_time()
         pods: dict[str, dict[str, Any]] = {}
-        for pod in self._desired.pods():
+        for i, pod in enumerate(self._desired.pods(), 1):
+            if i % _STEP == 0:
+                yield None
             pods[pod.uid] = {
                 "uid": pod.uid,
                 "namespace": pod.namespace,
@@ -88,7 +105,9 @@ class StatusReporter:
                 "desired": True,
                 "volumes": {},
             }
-        for volume in self._desired.volumes_to_serve():
+        for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
+            if i % _STEP == 0:
+                yield None
             pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)
             entry = pods.setdefault(
                 pod.uid,
@@ -105,7 +124,9 @@ class StatusReporter:
             entry[volume.volume.name]["type"] = (
                 volume.plugin.short_name if volume.plugin else "unresolved"
             )
-        for mounted in self._actual.mounted_volumes():
+        for i, mounted in enumerate(self._actual.mounted_volumes(), 1):
+            if i % _STEP == 0:
+                yield None
             pod_entry = pods.setdefault(
                 mounted.pod_uid,
                 {
@@ -123,7 +144,7 @@ class StatusReporter:
                 pod_entry["volumes"][mounted.spec_name]["type"] = mounted.plugin.short_name
         for pod_entry in pods.values():
             pod_entry["volumes"] = list(pod_entry["volumes"].values())
-        return {
+        yield {
             "node": self._node_name,
             "written_at": time.time(),
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
@@ -156,10 +177,14 @@ class StatusReporter:
 
 
 _SPACING = 10.0
+_STEP = 100
+"""Entries of a snapshot built between two checkpoints (`StatusReporter.run`)."""
 
 
 def _write(path: Path, snapshot: dict[str, Any]) -> None:
-    replace_file(path, json.dumps(snapshot, indent=1).encode())
+    # Without indent: json's C encoder (with an indent, its pure Python one, ten times slower,
+    # holding the GIL that the trio thread needs).
+    replace_file(path, json.dumps(snapshot).encode())
 
 
 @dataclass(frozen=True, slots=True)
