@@ -177,7 +177,7 @@ class StatusReporter:
 
 
 _SPACING = 10.0
-_STEP = 100
+_STEP = 50
 """Entries of a snapshot built between two checkpoints (`StatusReporter.run`)."""
 
 

@@ -34,11 +34,11 @@ import trio
 from fusevol.cache.actual import MountState
 from fusevol.errors import FusevolError, is_expected
 from fusevol.layout import Plugin
-from fusevol.model import PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
+from fusevol.model import ObjectKey, PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
 from fusevol.provision.hostpath import PROVISIONER
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable
+    from collections.abc import Awaitable, Callable, Hashable, Iterator
 
     from fusevol.cache.actual import ActualState, MountedVolume
     from fusevol.cache.desired import DesiredState, VolumeToServe
@@ -97,12 +97,21 @@ class Reconciler:
             # Counted now: an operation the first pass starts may end before the task runs.
             nursery.start_soon(self._follow_executor, self._executor.finished)
             task_status.started()
+            generation = self._store.generation
             while True:
                 self._wakeup = trio.Event()
+                changed = self._store.changed_since(generation)
+                generation = self._store.generation
+                if changed:
+                    await self._refresh_first(changed)
                 started = trio.current_time()
                 self._populator.populate()
-                self.reconcile()
-                self._pass_s = trio.current_time() - started
+                spent = trio.current_time() - started
+                for _ in self._reconcile_steps():  # FUSE requests are answered in between
+                    spent += trio.current_time() - started
+                    await trio.lowlevel.checkpoint()
+                    started = trio.current_time()
+                self._pass_s = spent + trio.current_time() - started
                 self._passes += 1
                 self._on_pass()
                 deadline = min(
@@ -112,11 +121,17 @@ class Reconciler:
                     await self._wakeup.wait()
 
     def reconcile(self) -> None:
+        for _ in self._reconcile_steps():
+            pass
+
+    def _reconcile_steps(self) -> Iterator[None]:
+        """`reconcile()` in steps of `_STEP` volumes (the loop lets other tasks run between
+        them: a pass over thousands of volumes takes milliseconds)."""
         self.provision()  # (0)
         if self._populator.has_added_pods:
             self.unmount_orphans()  # (1)
-        self.serve_and_mount()  # (2)
-        self.refresh()  # (3)
+        yield from self._serve_and_mount_steps()  # (2)
+        yield from self._refresh_steps()  # (3)
         if self._populator.has_added_pods:
             self.reclaim()  # (4)
 
@@ -152,7 +167,13 @@ class Reconciler:
                 self._start(mounted.name, "unmount", functools.partial(self._unmount, mounted))
 
     def serve_and_mount(self) -> None:
-        for volume in self._desired.volumes_to_serve():
+        for _ in self._serve_and_mount_steps():
+            pass
+
+    def _serve_and_mount_steps(self) -> Iterator[None]:
+        for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
+            if i % _STEP == 0:
+                yield
             if self._executor.is_pending(volume.name):
                 continue  # its inputs are not even computed: a pass during a storm of set-ups
             mounted = self._actual.get(volume.name)
@@ -165,10 +186,26 @@ class Reconciler:
                     subject=_subject(volume.pod),
                 )
 
+    async def _refresh_first(self, changed: tuple[ObjectKey, ...]) -> None:
+        """Step (3) ahead of the pass for the shared subtrees built from `changed` objects, one
+        volume each, waiting (a little) for those refreshes: a pass costs time in proportion to
+        the node's volumes, which an edit of an object that 2000 pods use must not wait for."""
+        started = []
+        for volume in self._volumes.to_refresh_first(changed):
+            if self._desired.get(volume.name) is volume and self._refresh_volume(volume, set()):
+                started.append(volume.name)
+        with trio.move_on_after(_FIRST_WAIT_S):
+            while any(map(self._executor.is_pending, started)):
+                await self._executor.wait_finished(self._executor.finished)
+
     def refresh(self) -> None:
         """Step (3). A volume of a shared subtree waits while another of its users refreshes it
         (one per subtree per pass); once that one has published, the next pass finds the others
         current and records their new inputs."""
+        for _ in self._refresh_steps():
+            pass
+
+    def _refresh_steps(self) -> Iterator[None]:
         volumes = self._desired.volumes_to_serve()
         refreshing = {  # shared subtrees an operation is working on
             shared
@@ -176,31 +213,38 @@ class Reconciler:
             if self._executor.is_pending(volume.name)
             and (shared := self._volumes.shared_subtree(volume)) is not None
         }
-        for volume in volumes:
-            mounted = self._actual.get(volume.name)
-            if (
-                mounted is None
-                or mounted.state is MountState.UNCERTAIN
-                or self._executor.is_pending(volume.name)
-            ):
-                continue
-            inputs = self._volumes.inputs(volume)
-            if inputs == mounted.inputs:
-                continue
-            if self._volumes.is_current(volume, inputs):
-                self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
-                continue
-            shared = self._volumes.shared_subtree(volume)
-            if shared is not None and shared in refreshing:
-                continue
-            refresh = functools.partial(self._refresh, volume, mounted)
-            if (
-                self._start(
-                    volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
-                )
-                and shared is not None
-            ):
-                refreshing.add(shared)
+        for i, volume in enumerate(volumes, 1):
+            if i % _STEP == 0:
+                yield
+            self._refresh_volume(volume, refreshing)
+
+    def _refresh_volume(self, volume: VolumeToServe, refreshing: set[bytes]) -> bool:
+        """Step (3) for one volume; True if it started a refresh. `refreshing`: the shared
+        subtrees that a refresh works on (one added if this one starts)."""
+        mounted = self._actual.get(volume.name)
+        if (
+            mounted is None
+            or mounted.state is MountState.UNCERTAIN
+            or self._executor.is_pending(volume.name)
+        ):
+            return False
+        inputs = self._volumes.inputs(volume)
+        if inputs == mounted.inputs:
+            return False
+        if self._volumes.is_current(volume, inputs):
+            self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
+            return False
+        shared = self._volumes.shared_subtree(volume)
+        if shared is not None and shared in refreshing:
+            return False
+        refresh = functools.partial(self._refresh, volume, mounted)
+        if not self._start(
+            volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
+        ):
+            return False
+        if shared is not None:
+            refreshing.add(shared)
+        return True
 
     async def unmount_all(self) -> None:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
@@ -277,6 +321,10 @@ class Reconciler:
             self.kick()
 
 
+_STEP = 50
+"""Volumes a pass handles between two checkpoints."""
+_FIRST_WAIT_S = 0.05
+"""How long the pass waits for the refreshes `_refresh_first` started (they go on after)."""
 _SPACING = 4.0
 """Passes for ending operations leave the trio thread to other work 4/5 of the time or more."""
 

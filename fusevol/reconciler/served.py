@@ -57,7 +57,7 @@ from fusevol.model import (
 from fusevol.projection import configmap, downward, ownership, projected, secret
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable
+    from collections.abc import Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
@@ -124,6 +124,9 @@ class ServedVolumes:
         current already (`is_current`), however many pods share it."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
+        self._shared_by_object: dict[ObjectKey, set[bytes]] = {}
+        """The shared subtrees built from each object (`to_refresh_first`)."""
+        self._objects_of: dict[bytes, tuple[ObjectKey, ...]] = {}
         self._facts: dict[tuple[PodUID, str], _Facts] = {}
         """What a pass asks of every volume and only its spec decides (`_facts_of`): computed
         once per `VolumeToServe` object, not on every pass (the populator keeps the same object
@@ -153,6 +156,18 @@ class ServedVolumes:
         if name is None or not name.startswith(SHARED) or name != self._facts_of(volume).subtree:
             return None
         return name
+
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        """For each shared subtree built from a `changed` object, one of its users (as the last
+        pass saw it): refreshing it publishes the change to every pod of the subtree."""
+        volumes = []
+        for name in {n for key in changed for n in self._shared_by_object.get(key, ())}:
+            for user in self._users.get(name, ()):
+                facts = self._facts.get(user)
+                if facts is not None:
+                    volumes.append(facts.volume)
+                    break
+        return volumes
 
     def _facts_of(self, volume: VolumeToServe) -> _Facts:
         user = (volume.pod.uid, volume.spec_name)
@@ -241,6 +256,10 @@ class ServedVolumes:
             )
             self._users.setdefault(name, set()).add(user)
             self._subtree_of[user] = name
+            if name.startswith(SHARED) and name not in self._objects_of:
+                self._objects_of[name] = objects = self._facts_of(volume).objects
+                for key in objects:
+                    self._shared_by_object.setdefault(key, set()).add(name)
             await self._publish(name, volume, payload, inputs)
 
     async def _bind(self, volume: VolumeToServe, target: Path) -> None:
@@ -262,6 +281,11 @@ class ServedVolumes:
             if not self._users.get(name):  # nobody came meanwhile
                 self._users.pop(name, None)
                 self._published.pop(name, None)
+                for key in self._objects_of.pop(name, ()):
+                    subtrees = self._shared_by_object.get(key, set())
+                    subtrees.discard(name)
+                    if not subtrees:
+                        self._shared_by_object.pop(key, None)
                 await self._publisher.remove_volume(name)
         if not lock.locked():  # else handed over to a waiting set-up
             self._locks.pop(name, None)
