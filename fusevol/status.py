@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import time
+import tracemalloc
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,7 +31,6 @@ from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
-    from pathlib import Path
 
     from fusevol.cache.actual import ActualState
     from fusevol.cache.desired import DesiredState, VolumeToServe
@@ -65,6 +66,13 @@ class StatusReporter:
         self._dirty.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        trace = os.environ.get(TRACEMALLOC_ENV)
+        async with trio.open_nursery() as nursery:
+            if trace:
+                nursery.start_soon(_trace_memory, Path(trace))
+            await self._write_snapshots(task_status)
+
+    async def _write_snapshots(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
         while True:
             await self._dirty.wait()
@@ -185,6 +193,27 @@ def _write(path: Path, snapshot: dict[str, Any]) -> None:
     # Without indent: json's C encoder (with an indent, its pure Python one, ten times slower,
     # holding the GIL that the trio thread needs).
     replace_file(path, json.dumps(snapshot).encode())
+
+
+TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"
+"""A directory: with it set, the agent traces its allocations (tracemalloc), and each time a file
+`take` appears there it writes a snapshot `<n>.tracemalloc` and removes `take` (bench/soak.py
+`--trace` diffs them across its checkpoints, to find what grows). A debugging aid: tracing costs
+memory and time."""
+
+
+async def _trace_memory(directory: Path) -> None:
+    tracemalloc.start(8)
+    request = directory / "take"
+    n = 0
+    while True:
+        await trio.sleep(0.2)  # polled: a file written by another process, a debugging aid
+        if not await trio.to_thread.run_sync(request.exists):
+            continue
+        snapshot = tracemalloc.take_snapshot()
+        await trio.to_thread.run_sync(snapshot.dump, str(directory / f"{n}.tracemalloc"))
+        await trio.to_thread.run_sync(request.unlink)
+        n += 1
 
 
 @dataclass(frozen=True, slots=True)
