@@ -2,9 +2,12 @@
 
 For each N, in one run: the real agent serves N pods sharing the ConfigMap; each edit is saved to
 the manifest directory 0.2 s after the previous one; recorded are the time until pod 0 reads the
-new value, and until a sweep of every pod's directory has read it (an upper bound: the sweep of
-N files through N binds included). The first edit costs as much as any other: an edit must not
-wait behind per-pod work that the previous one started. Baseline: the same burst at N=1.
+new value, then pod N-1 (every pod's bind shows the same subtree: they switch at one instant),
+and until a sweep of every pod's directory has read it (an upper bound: the sweep of N files
+through N binds included, reported at rest beside it). The first edit costs as much as any
+other: an edit must not wait behind per-pod work that the previous one started. Baseline: the
+same burst at N=1. `setup_ratio` times set-up and tear-down alone at two sizes (linear: a ratio
+of the per-volume times near 1).
 
     .venv/bin/python bench/burst.py [--pods 1 2000] [--edits 10]     (root: mounts)
 """
@@ -17,6 +20,7 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -46,9 +50,22 @@ def pods(n: int) -> str:
     )
 
 
-def measure(n: int, edits: int = 10) -> tuple[float, list[float], float, list[float]]:
-    """(set-up s, seconds from each save until every pod reads the edit, tear-down s, seconds
-    from each save until pod 0 reads it)."""
+@dataclass(frozen=True)
+class Result:
+    setup_s: float
+    teardown_s: float
+    first_s: list[float]
+    """Per edit: from the save until pod 0 reads it."""
+    last_s: list[float]
+    """Per edit: from the save until the last pod (N-1) reads it, read right after pod 0."""
+    all_s: list[float]
+    """Per edit: from the save until a sweep of every pod has read it (the sweep's own time,
+    N reads through N binds, included: `sweep_s` is that time at rest)."""
+    sweep_s: float
+    """A sweep of every pod with nothing changing."""
+
+
+def measure(n: int, edits: int = 10) -> Result:
     with tempfile.TemporaryDirectory() as tmp:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
@@ -60,7 +77,13 @@ def measure(n: int, edits: int = 10) -> tuple[float, list[float], float, list[fl
             for key in keys:
                 wait_for(key.exists, timeout_s=1200, interval_s=0.01)
             setup = time.perf_counter() - started
-            latencies, firsts = [], []
+            started = time.perf_counter()
+            for key in keys:
+                key.read_text()
+            sweep = time.perf_counter() - started
+            alls: list[float] = []
+            firsts: list[float] = []
+            lasts: list[float] = []
             next_save = time.perf_counter() + 1.0
             for e in range(1, edits + 1):
                 time.sleep(max(0.0, next_save - time.perf_counter()))
@@ -68,21 +91,27 @@ def measure(n: int, edits: int = 10) -> tuple[float, list[float], float, list[fl
                 started = time.perf_counter()
                 write_atomically(manifests / "cm.yaml", configmap(value))
                 next_save = started + INTERVAL_S
-                while keys[0].read_text() != value:
-                    pass
-                firsts.append(time.perf_counter() - started)
+                for key, times in ((keys[0], firsts), (keys[-1], lasts)):
+                    while key.read_text() != value:
+                        pass
+                    times.append(time.perf_counter() - started)
                 for key in keys:
                     while key.read_text() != value:
                         if time.perf_counter() - started > 120:
                             raise TimeoutError(f"edit {e} not visible in {key} after 120 s")
-                latencies.append(time.perf_counter() - started)
+                alls.append(time.perf_counter() - started)
             started = time.perf_counter()
             (manifests / "pods.yaml").unlink()
             pods_dir = agent.root / "pods"
             wait_for(lambda: not any(pods_dir.iterdir()), timeout_s=1200, interval_s=0.01)
             teardown = time.perf_counter() - started
             agent.stop()
-    return setup, latencies, teardown, firsts
+    return Result(setup, teardown, firsts, lasts, alls, sweep)
+
+
+def setup_ratio(small: int = 500, large: int = 2000) -> tuple[Result, Result]:
+    """Set-up and tear-down of `small` and of `large` pods (no edits), in one run."""
+    return measure(small, edits=0), measure(large, edits=0)
 
 
 def main() -> None:
@@ -92,15 +121,16 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (mounts)")
-    print(f"{'pods':>5} | {'set-up':>8} | {'tear-down':>9} | edit -> all pods (ms), each edit")
+    print(f"{'pods':>5} | {'set-up':>8} | {'tear-down':>9} | edit -> visible (ms), each edit")
     for n in args.pods:
-        setup, latencies, teardown, firsts = measure(n, args.edits)
-        each = " ".join(f"{t * 1e3:.0f}" for t in latencies)
+        r = measure(n, args.edits)
+        each = " ".join(f"{t * 1e3:.0f}" for t in r.all_s)
         print(
-            f"{n:>5} | {setup:>7.2f}s | {teardown:>8.2f}s | "
-            f"median {statistics.median(latencies) * 1e3:.0f}, "
-            f"max {max(latencies) * 1e3:.0f}: {each}; pod 0 alone: median "
-            f"{statistics.median(firsts) * 1e3:.0f}, max {max(firsts) * 1e3:.0f}",
+            f"{n:>5} | {r.setup_s:>7.2f}s | {r.teardown_s:>8.2f}s | "
+            f"pod 0: median {statistics.median(r.first_s) * 1e3:.1f}, max "
+            f"{max(r.first_s) * 1e3:.1f}; pod {n - 1}: median "
+            f"{statistics.median(r.last_s) * 1e3:.1f}, max {max(r.last_s) * 1e3:.1f}; "
+            f"every pod (a sweep; {r.sweep_s * 1e3:.0f} ms at rest): {each}",
             flush=True,
         )
 

@@ -10,7 +10,12 @@ Every checkpoint describes the same state (no pods), so fds, children, mounts an
 must be equal at each; threads vary with trio's idle thread cache (its threads exit after 10 s
 idle), and RSS grows while the allocator warms up, so RSS must be flat over the second half.
 
-    .venv/bin/python bench/soak.py [--minutes 5] [--pods 20] [--edits 10]     (root: mounts)
+    .venv/bin/python bench/soak.py [--minutes 5] [--pods 20] [--edits 10] [--trace]   (root)
+
+With `--trace` the agent traces its allocations (`fusevol.status.TRACEMALLOC_ENV`: this costs
+memory, so its RSS figures are not the agent's usual ones) and a snapshot is taken at every
+checkpoint; at the end the allocations that grew from the half-way checkpoint to the last are
+printed, by line: what to fix when RSS is not flat.
 """
 
 from __future__ import annotations
@@ -22,23 +27,29 @@ import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 from dataclasses import astuple, dataclass, fields
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import AGENT_ARGS, agent_pid, helper_pids, proc_status, rss_mib
+from fusevol.status import TRACEMALLOC_ENV
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
 RSS_GROWTH_LIMIT_MIB = 2.0
 """Allowed RSS growth over the second half of the checkpoints: allocator noise, not a leak."""
-VARYING = ("rss_mib", "helpers_rss_mib", "threads")
+VARYING = ("rss_mib", "anon_mib", "shmem_mib", "helpers_rss_mib", "threads")
 """Not compared for equality (see the module docstring)."""
 
 
 @dataclass(frozen=True)
 class Checkpoint:
     rss_mib: float
+    anon_mib: float
+    """Of `rss_mib`: the heap and stacks (RssAnon)."""
+    shmem_mib: float
+    """Of `rss_mib`: the FUSE tree's memfd journal, mapped (RssShmem)."""
     helpers_rss_mib: float
     fds: int
     threads: int
@@ -86,6 +97,8 @@ def checkpoint(agent: AgentProcess) -> Checkpoint:
     tree = agent.snapshot()["statistics"]["fuse_tree"]
     return Checkpoint(
         rss_mib=rss_mib(pid),
+        anon_mib=int(status["RssAnon"].split()[0]) / 1024,
+        shmem_mib=int(status["RssShmem"].split()[0]) / 1024,
         helpers_rss_mib=sum(rss_mib(h) for h in helpers),
         fds=len(os.listdir(f"/proc/{pid}/fd")),
         threads=int(status["Threads"]),
@@ -145,11 +158,21 @@ def cycle(agent: AgentProcess, manifests: Path, rng: random.Random, pods: int, e
     return version
 
 
+def print_growth(traces: Path, count: int) -> None:
+    """The allocations that grew from the half-way snapshot to the last, by line."""
+    middle = tracemalloc.Snapshot.load(str(traces / f"{count // 2}.tracemalloc"))
+    last = tracemalloc.Snapshot.load(str(traces / f"{count - 1}.tracemalloc"))
+    print(f"allocations grown from checkpoint {count // 2 + 1} to {count}:")
+    for stat in last.compare_to(middle, "lineno")[:15]:
+        print(f"  {stat}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--minutes", type=float, default=5.0)
     parser.add_argument("--pods", type=int, default=20)
     parser.add_argument("--edits", type=int, default=10)
+    parser.add_argument("--trace", action="store_true", help="diff tracemalloc snapshots")
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (mounts)")
@@ -159,7 +182,10 @@ def main() -> None:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
         (manifests / "objects.yaml").write_text(objects(0))
-        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
+        traces = Path(tmp) / "traces"
+        traces.mkdir()
+        env = {TRACEMALLOC_ENV: str(traces)} if args.trace else None
+        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS, env=env) as agent:
             deadline = time.monotonic() + args.minutes * 60
             points: list[Checkpoint] = []
             print(f"{'cycle':>5} {'s':>6} " + " ".join(f"{n:>8}" for n in names))
@@ -168,9 +194,14 @@ def main() -> None:
                 cycle(agent, manifests, rng, args.pods, args.edits)
                 time.sleep(3)  # old versions' grace period, then idle
                 points.append(checkpoint(agent))
+                if args.trace:
+                    (traces / "take").touch()
+                    wait_for(lambda: not (traces / "take").exists(), timeout_s=120)
                 values = " ".join(f"{v:>8.1f}" for v in astuple(points[-1]))
                 print(f"{len(points):>5} {time.monotonic() - started:>6.0f} {values}", flush=True)
             agent.stop()
+            if args.trace:
+                print_growth(traces, len(points))
     changed = [n for n in names if n not in VARYING and len({getattr(p, n) for p in points}) > 1]
     middle, last = points[len(points) // 2], points[-1]
     growth = last.rss_mib - middle.rss_mib
@@ -178,7 +209,9 @@ def main() -> None:
     print(
         f"{len(points)} cycles of {args.pods} pods x 4 volumes, {args.edits} edits each: "
         f"RSS {points[0].rss_mib:.1f} -> {middle.rss_mib:.1f} (half-way) -> "
-        f"{last.rss_mib:.1f} MiB, threads {threads[0]}-{threads[-1]}; "
+        f"{last.rss_mib:.1f} MiB (of which heap {middle.anon_mib:.1f} -> {last.anon_mib:.1f}, "
+        f"memfd journal {middle.shmem_mib:.1f} -> {last.shmem_mib:.1f}), "
+        f"threads {threads[0]}-{threads[-1]}; "
         + ("fds, children, mounts, inodes equal at every checkpoint" if not changed else "")
         + (f"CHANGED: {changed}" if changed else "")
     )

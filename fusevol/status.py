@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import time
+import tracemalloc
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -29,8 +31,7 @@ from fusevol.mount.linux import LinuxMountBackend
 from fusevol.subpath import container_mounts
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-    from pathlib import Path
+    from collections.abc import Callable, Iterator
 
     from fusevol.cache.actual import ActualState
     from fusevol.cache.desired import DesiredState, VolumeToServe
@@ -67,18 +68,46 @@ class StatusReporter:
         self._dirty.set()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        trace = os.environ.get(TRACEMALLOC_ENV)
+        async with trio.open_nursery() as nursery:
+            if trace:
+                nursery.start_soon(_trace_memory, Path(trace))
+            await self._write_snapshots(task_status)
+
+    async def _write_snapshots(self, task_status: trio.TaskStatus[None]) -> None:
         task_status.started()
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            text = json.dumps(self.snapshot(), indent=1)
-            await trio.to_thread.run_sync(replace_file, self._path, text.encode())
-            await trio.sleep(self._min_interval_s)
+            # Built on the trio thread (it reads the states), in steps that let the FUSE
+            # requests and the reconciler run in between: with thousands of volumes a snapshot
+            # takes tens of milliseconds, which an update must not wait for.
+            build = self._build()
+            spent = 0.0
+            while True:
+                step = trio.current_time()
+                snapshot = next(build, None)
+                spent += trio.current_time() - step
+                if snapshot is not None:
+                    break
+                await trio.lowlevel.checkpoint()
+            await trio.to_thread.run_sync(_write, self._path, snapshot)
+            # ... and written less often when it is costly: at most a tenth of the trio thread.
+            await trio.sleep(max(self._min_interval_s, _SPACING * spent))
 
     def snapshot(self) -> dict[str, Any]:
+        for snapshot in self._build():
+            if snapshot is not None:
+                return snapshot
+        raise AssertionError("unreachable: _build ends with the snapshot")
+
+    def _build(self) -> Iterator[dict[str, Any] | None]:
+        """The snapshot, built in steps: None after every `_STEP` entries, then the snapshot."""
         now = trio.current_time()
         pods: dict[str, dict[str, Any]] = {}
-        for pod in self._desired.pods():
+        for i, pod in enumerate(self._desired.pods(), 1):
+            if i % _STEP == 0:
+                yield None
             pods[pod.uid] = {
                 "uid": pod.uid,
                 "namespace": pod.namespace,
@@ -87,7 +116,9 @@ class StatusReporter:
                 "volumes": {},
                 "containers": self._container_mounts(pod),
             }
-        for volume in self._desired.volumes_to_serve():
+        for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
+            if i % _STEP == 0:
+                yield None
             pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)
             entry = pods.setdefault(
                 pod.uid,
@@ -105,7 +136,9 @@ class StatusReporter:
                 volume.plugin.short_name if volume.plugin else "unresolved"
             )
             entry[volume.volume.name]["read_only"] = volume.read_only  # fusevol mounts: ro
-        for mounted in self._actual.mounted_volumes():
+        for i, mounted in enumerate(self._actual.mounted_volumes(), 1):
+            if i % _STEP == 0:
+                yield None
             pod_entry = pods.setdefault(
                 mounted.pod_uid,
                 {
@@ -125,7 +158,7 @@ class StatusReporter:
             del self._mounts[gone]
         for pod_entry in pods.values():
             pod_entry["volumes"] = list(pod_entry["volumes"].values())
-        return {
+        yield {
             "node": self._node_name,
             "written_at": time.time(),
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
@@ -162,6 +195,38 @@ class StatusReporter:
             "last_error": error or None,
             "next_retry_in_s": None if retry_in is None else round(retry_in, 3),
         }
+
+
+_SPACING = 10.0
+_STEP = 50
+"""Entries of a snapshot built between two checkpoints (`StatusReporter.run`)."""
+
+
+def _write(path: Path, snapshot: dict[str, Any]) -> None:
+    # Without indent: json's C encoder (with an indent, its pure Python one, ten times slower,
+    # holding the GIL that the trio thread needs).
+    replace_file(path, json.dumps(snapshot).encode())
+
+
+TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"
+"""A directory: with it set, the agent traces its allocations (tracemalloc), and each time a file
+`take` appears there it writes a snapshot `<n>.tracemalloc` and removes `take` (bench/soak.py
+`--trace` diffs them across its checkpoints, to find what grows). A debugging aid: tracing costs
+memory and time."""
+
+
+async def _trace_memory(directory: Path) -> None:
+    tracemalloc.start(8)
+    request = directory / "take"
+    n = 0
+    while True:
+        await trio.sleep(0.2)  # polled: a file written by another process, a debugging aid
+        if not await trio.to_thread.run_sync(request.exists):
+            continue
+        snapshot = tracemalloc.take_snapshot()
+        await trio.to_thread.run_sync(snapshot.dump, str(directory / f"{n}.tracemalloc"))
+        await trio.to_thread.run_sync(request.unlink)
+        n += 1
 
 
 @dataclass(frozen=True, slots=True)

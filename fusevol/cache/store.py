@@ -15,6 +15,7 @@ All calls happen on the trio thread; there are no locks.
 
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar, overload
@@ -60,6 +61,9 @@ class ObjectStore:
     def __init__(self) -> None:
         self._objects: dict[ObjectKey, KubeObject] = {}
         self._changed_at: dict[ObjectKey, float] = {}
+        self._changed_in: dict[ObjectKey, int] = {}
+        """Each changed key's generation at its last change, oldest change first: the keys
+        changed since a generation are read from its end (`changed_since`)."""
         self._generation = 0
         self._changed = trio.Event()
         self._synced = trio.Event()
@@ -72,15 +76,15 @@ class ObjectStore:
             return False
         self._objects[obj.key] = obj
         self._changed_at[obj.key] = time.monotonic()
-        self._bump()
+        self._bump(obj.key)
         return True
 
     def delete(self, key: ObjectKey) -> bool:
         """Forget the object at `key`. No-op (False) if there is none."""
         if self._objects.pop(key, None) is None:
             return False
-        self._changed_at[key] = time.monotonic()
-        self._bump()
+        self._changed_at.pop(key, None)  # else every pod ever seen would stay here
+        self._bump(key)
         return True
 
     def mark_synced(self) -> None:
@@ -135,7 +139,18 @@ class ObjectStore:
             counts[key.kind.value] = counts.get(key.kind.value, 0) + 1
         return StoreStatistics(counts, self._generation, self.synced)
 
-    def _bump(self) -> None:
+    def changed_since(self, generation: int) -> tuple[ObjectKey, ...]:
+        """The keys of the objects added or changed after `generation` (and not deleted since),
+        newest first."""
+        newest_first = reversed(self._changed_in.items())
+        since = itertools.takewhile(lambda change: change[1] > generation, newest_first)
+        return tuple(key for key, _ in since)
+
+    def _bump(self, key: ObjectKey | None = None) -> None:
         self._generation += 1
+        if key is not None:
+            self._changed_in.pop(key, None)  # moved to the end: the newest change
+            if key in self._objects:
+                self._changed_in[key] = self._generation
         self._changed.set()
         self._changed = trio.Event()

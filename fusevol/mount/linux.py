@@ -1,5 +1,6 @@
 """The real mount backend: mount(2)/umount2(2) for binds and unmounts, mount(8) for the rest,
-/proc/self/mountinfo as truth.
+and a mount table (`table.MountTable`) read from /proc/self/mountinfo once, then kept by the
+backend's own operations.
 
 Bind mounts (thousands per node: one per served pod volume) and unmounts are syscalls made from
 a worker thread (ctypes), not a mount(8) exec each: a path near a mount may reach a FUSE server,
@@ -22,7 +23,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.errors import MountError
-from fusevol.mount.backend import MountBackend, MountPoint
+from fusevol.mount.table import MountTable
+
+if TYPE_CHECKING:
+    from fusevol.mount.backend import MountBackend, MountPoint
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -67,9 +71,9 @@ class LinuxMountBackend:
         whether systemd is the init system."""
         self._command_timeout_s = command_timeout_s
         self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
-        self._mountinfo = mountinfo
-        self._parsed: dict[str, MountPoint] = {}
-        """The last table read, by line (`mount_points`)."""
+        self.table = MountTable(mountinfo)
+        """What is mounted where, as this backend knows it (read from mountinfo when it may be
+        wrong: `table` module docstring)."""
 
     async def mount(
         self,
@@ -101,7 +105,10 @@ class LinuxMountBackend:
                 "--",
             ]
             argv, shown = scope + argv, scope + shown
-        await self._run(argv, shown=shown)
+        try:
+            await self._run(argv, shown=shown)
+        finally:  # even a failed helper may have mounted something
+            self.table.mounted()
 
     async def bind(
         self, source: Path, target: Path, *, read_only: bool, stack: bool = False
@@ -113,10 +120,14 @@ class LinuxMountBackend:
         log.debug(
             "bind source=%s target=%s read_only=%s shared=%s", source, target, read_only, stack
         )
+        source_path, target_path = _absolute(source), _absolute(target)
         try:
-            await trio.to_thread.run_sync(_bind, str(source), str(target), read_only, stack)
+            device = await trio.to_thread.run_sync(
+                _bind, source_path, target_path, read_only, stack
+            )
         except OSError as exc:
             raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
+        self.table.bound(source_path, target_path, read_only=read_only, device=device)
 
     async def unmount(self, target: Path, *, force: bool = False) -> None:
         for _ in range(_MAX_STACK):
@@ -133,31 +144,21 @@ class LinuxMountBackend:
         raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
 
     def mount_points(self) -> tuple[MountPoint, ...]:
-        # The table is read before every mount: lines seen in the previous read are not parsed
-        # again (setting up N volumes would parse N tables of N lines), and only the current
-        # table's lines are kept.
-        with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
-            lines = [line for line in f if line.strip()]
-        previous = self._parsed
-        self._parsed = {line: previous.get(line) or _parse_mountinfo_line(line) for line in lines}
-        return tuple(self._parsed.values())
+        """Read from the kernel (the whole table is asked for at start and stop only)."""
+        return self.table.load()
 
     def is_mount_point(self, path: Path) -> bool:
-        wanted = os.path.abspath(path)
-        return any(mp.path == wanted for mp in self.mount_points())
+        return self.table.is_mount_point(_absolute(path))
 
     def _is_bind_of(self, source: Path, target: Path) -> bool:
         """True if the top mount at `target` shows the same file system subtree as `source`."""
-        table = self.mount_points()
-        top = _top_mount(table, os.path.abspath(target))
+        top = self.table.top(os.path.abspath(target))
         if top is None:
             return False
         source_path = os.path.abspath(source)
-        holders = [mp for mp in table if _is_within(source_path, mp.path)]
-        if not holders:
+        holder = self.table.holder(source_path)
+        if holder is None:
             return False
-        holder = _top_mount(table, max((mp.path for mp in holders), key=len))
-        assert holder is not None
         relative = os.path.relpath(source_path, holder.path)
         root = os.path.normpath(os.path.join(holder.root, relative))
         return (top.device, top.root) == (holder.device, root)
@@ -172,7 +173,11 @@ class LinuxMountBackend:
                 f"umount {target}: timed out after {self._command_timeout_s:g}s"
             ) from None
         except OSError as exc:
+            if exc.errno == errno.EINVAL:  # not a mount point: the table was wrong (3)
+                self.table.load()
+                return
             raise MountError(f"umount {target}: {exc.strerror}") from exc
+        self.table.unmounted(_absolute(target), detached=bool(flags & _MNT_DETACH))
 
     async def _run(self, argv: list[str], *, shown: list[str] | None = None) -> None:
         printable = " ".join(shown or argv)
@@ -205,10 +210,12 @@ def _umount2(target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
-def _bind(source: str, target: str, read_only: bool, shared: bool) -> None:
-    """1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
-    nosuid/nodev/noexec (a bind remount sets exactly the flags given); 3. if `shared`, make it a
-    shared mount. A failure after step 1 detaches the layer just added, and only it."""
+def _bind(source: str, target: str, read_only: bool, shared: bool) -> str:
+    """0. stat `source` for its device; 1. bind `source` on `target`; 2. if `read_only`, remount
+    the bind read-only, keeping its nosuid/nodev/noexec (a bind remount sets exactly the flags
+    given); 3. if `shared`, make it a shared mount. A failure after step 1 detaches the layer
+    just added, and only it. Returns the source's device, `major:minor` as mountinfo shows it."""
+    st_dev = os.stat(source).st_dev
     _mount2(source, target, _MS_BIND)
     try:
         if read_only:
@@ -221,6 +228,12 @@ def _bind(source: str, target: str, read_only: bool, shared: bool) -> None:
     except OSError:
         _umount2(target, _MNT_DETACH)
         raise
+    return f"{os.major(st_dev)}:{os.minor(st_dev)}"
+
+
+def _absolute(path: Path) -> str:
+    """The normalised absolute path (the agent's paths are absolute: no file system access)."""
+    return os.path.abspath(path)
 
 
 def _systemd_is_init() -> bool:
@@ -234,47 +247,6 @@ def _is_corrupted(path: Path) -> bool:
     except OSError as exc:
         return exc.errno in CORRUPTED_ERRNOS
     return False
-
-
-def _top_mount(table: tuple[MountPoint, ...], path: str) -> MountPoint | None:
-    """The mount that hides the others mounted at `path`: none of them is mounted on it."""
-    at_path = [mp for mp in table if mp.path == path]
-    covered = {mp.parent_id for mp in at_path}
-    return next((mp for mp in reversed(at_path) if mp.mount_id not in covered), None)
-
-
-def _is_within(path: str, directory: str) -> bool:
-    return path == directory or path.startswith(os.path.join(directory, ""))
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal `\\ooo`."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def _parse_mountinfo_line(line: str) -> MountPoint:
-    fields = line.split()
-    separator = fields.index("-", 6)
-    return MountPoint(
-        mount_id=int(fields[0]),
-        parent_id=int(fields[1]),
-        device=fields[2],
-        root=_unescape(fields[3]),
-        path=_unescape(fields[4]),
-        options=tuple(fields[5].split(",")),
-        fstype=fields[separator + 1],
-        source=_unescape(fields[separator + 2]),
-    )
 
 
 if TYPE_CHECKING:

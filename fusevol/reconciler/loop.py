@@ -18,7 +18,9 @@ pods is released first, between the two steps of the provisioner (`HostPathProvi
 Steps (1) and (4) wait until every source has delivered its complete initial state
 (`has_added_pods`).
 Each step only *starts* operations in the executor (one per volume, with backoff) and returns, so a
-pass takes microseconds however slow a mount is.
+pass takes microseconds per volume however slow a mount is. What a pass asks of each volume is
+computed once per volume spec (`ServedVolumes`), and passes for ending operations are spaced by
+their own cost (`_follow_executor`), so setting up N volumes costs O(N), not O(N²).
 """
 
 from __future__ import annotations
@@ -32,11 +34,11 @@ import trio
 from fusevol.cache.actual import MountState
 from fusevol.errors import FusevolError, is_expected
 from fusevol.layout import Plugin
-from fusevol.model import PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
+from fusevol.model import ObjectKey, PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
 from fusevol.provision.hostpath import PROVISIONER
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable
+    from collections.abc import Awaitable, Callable, Hashable, Iterator
 
     from fusevol.cache.actual import ActualState, MountedVolume
     from fusevol.cache.desired import DesiredState, VolumeToServe
@@ -78,6 +80,8 @@ class Reconciler:
         self._on_pass = on_pass
         self._wakeup = trio.Event()
         self._passes = 0
+        self._pass_s = 0.0
+        """How long the last pass took (`_follow_executor` spaces its passes by it)."""
 
     def kick(self) -> None:
         """Ask for a pass as soon as possible."""
@@ -93,10 +97,21 @@ class Reconciler:
             # Counted now: an operation the first pass starts may end before the task runs.
             nursery.start_soon(self._follow_executor, self._executor.finished)
             task_status.started()
+            generation = self._store.generation
             while True:
                 self._wakeup = trio.Event()
+                changed = self._store.changed_since(generation)
+                generation = self._store.generation
+                if changed:
+                    await self._refresh_first(changed)
+                started = trio.current_time()
                 self._populator.populate()
-                self.reconcile()
+                spent = trio.current_time() - started
+                for _ in self._reconcile_steps():  # FUSE requests are answered in between
+                    spent += trio.current_time() - started
+                    await trio.lowlevel.checkpoint()
+                    started = trio.current_time()
+                self._pass_s = spent + trio.current_time() - started
                 self._passes += 1
                 self._on_pass()
                 deadline = min(
@@ -106,11 +121,17 @@ class Reconciler:
                     await self._wakeup.wait()
 
     def reconcile(self) -> None:
+        for _ in self._reconcile_steps():
+            pass
+
+    def _reconcile_steps(self) -> Iterator[None]:
+        """`reconcile()` in steps of `_STEP` volumes (the loop lets other tasks run between
+        them: a pass over thousands of volumes takes milliseconds)."""
         self.provision()  # (0)
         if self._populator.has_added_pods:
             self.unmount_orphans()  # (1)
-        self.serve_and_mount()  # (2)
-        self.refresh()  # (3)
+        yield from self._serve_and_mount_steps()  # (2)
+        yield from self._refresh_steps()  # (3)
         if self._populator.has_added_pods:
             self.reclaim()  # (4)
 
@@ -146,7 +167,13 @@ class Reconciler:
                 self._start(mounted.name, "unmount", functools.partial(self._unmount, mounted))
 
     def serve_and_mount(self) -> None:
-        for volume in self._desired.volumes_to_serve():
+        for _ in self._serve_and_mount_steps():
+            pass
+
+    def _serve_and_mount_steps(self) -> Iterator[None]:
+        for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
+            if i % _STEP == 0:
+                yield
             if self._executor.is_pending(volume.name):
                 continue  # its inputs are not even computed: a pass during a storm of set-ups
             mounted = self._actual.get(volume.name)
@@ -159,10 +186,26 @@ class Reconciler:
                     subject=_subject(volume.pod),
                 )
 
+    async def _refresh_first(self, changed: tuple[ObjectKey, ...]) -> None:
+        """Step (3) ahead of the pass for the shared subtrees built from `changed` objects, one
+        volume each, waiting (a little) for those refreshes: a pass costs time in proportion to
+        the node's volumes, which an edit of an object that 2000 pods use must not wait for."""
+        started = []
+        for volume in self._volumes.to_refresh_first(changed):
+            if self._desired.get(volume.name) is volume and self._refresh_volume(volume, set()):
+                started.append(volume.name)
+        with trio.move_on_after(_FIRST_WAIT_S):
+            while any(map(self._executor.is_pending, started)):
+                await self._executor.wait_finished(self._executor.finished)
+
     def refresh(self) -> None:
         """Step (3). A volume of a shared subtree waits while another of its users refreshes it
         (one per subtree per pass); once that one has published, the next pass finds the others
         current and records their new inputs."""
+        for _ in self._refresh_steps():
+            pass
+
+    def _refresh_steps(self) -> Iterator[None]:
         volumes = self._desired.volumes_to_serve()
         refreshing = {  # shared subtrees an operation is working on
             shared
@@ -170,31 +213,38 @@ class Reconciler:
             if self._executor.is_pending(volume.name)
             and (shared := self._volumes.shared_subtree(volume)) is not None
         }
-        for volume in volumes:
-            mounted = self._actual.get(volume.name)
-            if (
-                mounted is None
-                or mounted.state is MountState.UNCERTAIN
-                or self._executor.is_pending(volume.name)
-            ):
-                continue
-            inputs = self._volumes.inputs(volume)
-            if inputs == mounted.inputs:
-                continue
-            if self._volumes.is_current(volume, inputs):
-                self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
-                continue
-            shared = self._volumes.shared_subtree(volume)
-            if shared is not None and shared in refreshing:
-                continue
-            refresh = functools.partial(self._refresh, volume, mounted)
-            if (
-                self._start(
-                    volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
-                )
-                and shared is not None
-            ):
-                refreshing.add(shared)
+        for i, volume in enumerate(volumes, 1):
+            if i % _STEP == 0:
+                yield
+            self._refresh_volume(volume, refreshing)
+
+    def _refresh_volume(self, volume: VolumeToServe, refreshing: set[bytes]) -> bool:
+        """Step (3) for one volume; True if it started a refresh. `refreshing`: the shared
+        subtrees that a refresh works on (one added if this one starts)."""
+        mounted = self._actual.get(volume.name)
+        if (
+            mounted is None
+            or mounted.state is MountState.UNCERTAIN
+            or self._executor.is_pending(volume.name)
+        ):
+            return False
+        inputs = self._volumes.inputs(volume)
+        if inputs == mounted.inputs:
+            return False
+        if self._volumes.is_current(volume, inputs):
+            self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
+            return False
+        shared = self._volumes.shared_subtree(volume)
+        if shared is not None and shared in refreshing:
+            return False
+        refresh = functools.partial(self._refresh, volume, mounted)
+        if not self._start(
+            volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
+        ):
+            return False
+        if shared is not None:
+            refreshing.add(shared)
+        return True
 
     async def unmount_all(self) -> None:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
@@ -260,11 +310,23 @@ class Reconciler:
             self.kick()
 
     async def _follow_executor(self, finished: int) -> None:
-        """A pass after every operation that ends: its volume may need the next step."""
+        """A pass after operations end: their volumes may need the next step. A pass costs time
+        in proportion to the volumes of the node, so passes for ending operations are spaced by
+        `_SPACING` times the last pass's length (set-up of N volumes is N operations that end,
+        and would be N passes of N volumes each); changes of the store are not delayed."""
         while True:
             await self._executor.wait_finished(finished)
+            await trio.sleep(_SPACING * self._pass_s)
             finished = self._executor.finished
             self.kick()
+
+
+_STEP = 50
+"""Volumes a pass handles between two checkpoints."""
+_FIRST_WAIT_S = 0.05
+"""How long the pass waits for the refreshes `_refresh_first` started (they go on after)."""
+_SPACING = 4.0
+"""Passes for ending operations leave the trio thread to other work 4/5 of the time or more."""
 
 
 def _subject(pod: Pod) -> str:

@@ -30,6 +30,7 @@ import hashlib
 import os
 import posixpath
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
@@ -56,7 +57,7 @@ from fusevol.model import (
 from fusevol.projection import configmap, downward, ownership, projected, secret
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable
+    from collections.abc import Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
@@ -74,6 +75,19 @@ ROOT_MODES = {
     Plugin.DOWNWARD_API: 0o1777,
     Plugin.PROJECTED: 0o1777,
 }
+
+
+_FACTS_KEPT = 1024
+"""`ServedVolumes._facts` beyond twice the volumes set up: cleared when it grows past this."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    volume: VolumeToServe
+    """The object these are of (identity: a changed pod is a new object)."""
+    subtree: bytes
+    objects: tuple[ObjectKey, ...]
+    downward: bool
 
 
 SHARED = b"shared-"
@@ -110,6 +124,13 @@ class ServedVolumes:
         current already (`is_current`), however many pods share it."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
+        self._shared_by_object: dict[ObjectKey, set[bytes]] = {}
+        """The shared subtrees built from each object (`to_refresh_first`)."""
+        self._objects_of: dict[bytes, tuple[ObjectKey, ...]] = {}
+        self._facts: dict[tuple[PodUID, str], _Facts] = {}
+        """What a pass asks of every volume and only its spec decides (`_facts_of`): computed
+        once per `VolumeToServe` object, not on every pass (the populator keeps the same object
+        while the pod is the same)."""
 
     def path(self, volume: VolumeToServe) -> Path:
         """The pod volume directory, or a CSI volume's target path."""
@@ -121,15 +142,46 @@ class ServedVolumes:
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume's content depends on: its spec, the pod's fsGroup, the versions of its
         objects, and for the downward API the pod itself."""
-        pod = volume.pod if _uses_downward_api(volume) else None
-        return (volume.source, volume.pod.fs_group, pod, *self._object_versions(volume))
+        facts = self._facts_of(volume)
+        pod = volume.pod if facts.downward else None
+        versions = []
+        for key in facts.objects:
+            obj = self._store.get(key)
+            versions.append(None if obj is None else obj.resource_version)
+        return (volume.source, volume.pod.fs_group, pod, *versions)
 
     def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
         """The shared subtree the volume is bound to, if it is shared and still the right one."""
         name = self._subtree_of.get((volume.pod.uid, volume.spec_name))
-        if name is None or not name.startswith(SHARED) or name != subtree_name(volume):
+        if name is None or not name.startswith(SHARED) or name != self._facts_of(volume).subtree:
             return None
         return name
+
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        """For each shared subtree built from a `changed` object, one of its users (as the last
+        pass saw it): refreshing it publishes the change to every pod of the subtree."""
+        volumes = []
+        for name in {n for key in changed for n in self._shared_by_object.get(key, ())}:
+            for user in self._users.get(name, ()):
+                facts = self._facts.get(user)
+                if facts is not None:
+                    volumes.append(facts.volume)
+                    break
+        return volumes
+
+    def _facts_of(self, volume: VolumeToServe) -> _Facts:
+        user = (volume.pod.uid, volume.spec_name)
+        facts = self._facts.get(user)
+        if facts is None or facts.volume is not volume:
+            if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
+                self._facts.clear()  # a cache: volumes never set up are dropped with the rest
+            facts = self._facts[user] = _Facts(
+                volume,
+                subtree_name(volume),
+                _referenced_objects(volume),
+                _uses_downward_api(volume),
+            )
+        return facts
 
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's shared subtree was published from `inputs` already (by another
@@ -143,7 +195,7 @@ class ServedVolumes:
         payload = self.render(volume)
         target = self.path(volume)
         try:
-            await self._serve(volume, payload, subtree_name(volume), inputs)
+            await self._serve(volume, payload, self._facts_of(volume).subtree, inputs)
             if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
                 await trio.to_thread.run_sync(mkdir_all, target, 0o750)
             await self._bind(volume, target)
@@ -158,7 +210,7 @@ class ServedVolumes:
         inputs = self.inputs(volume)
         payload = self.render(volume)
         user = (volume.pod.uid, volume.spec_name)
-        name, bound = subtree_name(volume), self._subtree_of.get(user)
+        name, bound = self._facts_of(volume).subtree, self._subtree_of.get(user)
         if bound is not None and bound != name:
             # The pod's volume spec changed (an edited manifest): its files are no longer those
             # of the subtree it shares. Served from the right one, bound on top of the old bind,
@@ -182,6 +234,7 @@ class ServedVolumes:
         await self._backend.unmount(target)
         await trio.to_thread.run_sync(_remove_dir, target)
         user = (uid, spec_name)
+        self._facts.pop(user, None)
         for covered in self._covered.pop(user, []):
             await self._release(user, covered)
         await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
@@ -203,6 +256,10 @@ class ServedVolumes:
             )
             self._users.setdefault(name, set()).add(user)
             self._subtree_of[user] = name
+            if name.startswith(SHARED) and name not in self._objects_of:
+                self._objects_of[name] = objects = self._facts_of(volume).objects
+                for key in objects:
+                    self._shared_by_object.setdefault(key, set()).add(name)
             await self._publish(name, volume, payload, inputs)
 
     async def _bind(self, volume: VolumeToServe, target: Path) -> None:
@@ -224,6 +281,11 @@ class ServedVolumes:
             if not self._users.get(name):  # nobody came meanwhile
                 self._users.pop(name, None)
                 self._published.pop(name, None)
+                for key in self._objects_of.pop(name, ()):
+                    subtrees = self._shared_by_object.get(key, set())
+                    subtrees.discard(name)
+                    if not subtrees:
+                        self._shared_by_object.pop(key, None)
                 await self._publisher.remove_volume(name)
         if not lock.locked():  # else handed over to a waiting set-up
             self._locks.pop(name, None)
@@ -281,16 +343,11 @@ class ServedVolumes:
 
     def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
         """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
-        return dict(
-            zip(map(str, _referenced_objects(volume)), self._object_versions(volume), strict=True)
-        )
-
-    def _object_versions(self, volume: VolumeToServe) -> tuple[str | None, ...]:
-        versions = []
-        for key in _referenced_objects(volume):
+        versions: dict[str, str | None] = {}
+        for key in self._facts_of(volume).objects:
             obj = self._store.get(key)
-            versions.append(None if obj is None else obj.resource_version)
-        return tuple(versions)
+            versions[str(key)] = None if obj is None else obj.resource_version
+        return versions
 
 
 def subtree_name(volume: VolumeToServe) -> bytes:

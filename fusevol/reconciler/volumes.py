@@ -24,14 +24,14 @@ from fusevol.reconciler.served import ServedVolumes
 from fusevol.reconciler.subpaths import SubpathViews
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable
+    from collections.abc import Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
     from fusevol.cache.store import ObjectStore
     from fusevol.fuse.publish import Publisher
     from fusevol.layout import Plugin
-    from fusevol.model import PodUID
+    from fusevol.model import ObjectKey, PodUID
     from fusevol.mount.backend import MountBackend
     from fusevol.projection.downward import NodeAllocatable
 
@@ -74,6 +74,10 @@ class Volumes:
         if volume.plugin is None or not volume.plugin.served_from_memory:
             return None
         return self.served.shared_subtree(volume)
+
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        """One user of each shared subtree built from a `changed` object (`ServedVolumes`)."""
+        return self.served.to_refresh_first(changed)
 
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's content is built from `inputs` already (a shared subtree that

@@ -48,12 +48,12 @@ from fusevol.reconciler.volumes import Volumes
 from fusevol.settings import ReconcileSettings
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable
+    from collections.abc import Awaitable, Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.cache.desired import VolumeToServe
     from fusevol.fuse.publish import Publisher
-    from fusevol.model import KubeObject
+    from fusevol.model import KubeObject, ObjectKey
     from fusevol.mount.backend import MountBackend
 
 SETTINGS = ReconcileSettings()  # kubelet's numbers: resync 60 s, backoff 0.5 s doubling to 122 s
@@ -114,6 +114,9 @@ class FakeVolumes:
 
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         return False
+
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        return []  # nothing shared: every refresh comes from the pass
 
     def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
         return self._real.refreshed(mounted, inputs)

@@ -273,3 +273,21 @@ def test_readers_hand_out_snapshots(desired: DesiredState) -> None:
     desired.delete_pod(POD.uid)
     assert (len(volumes), len(pods)) == (3, 1)
     assert (desired.volumes_to_serve(), desired.pods()) == ((), ())
+
+
+def test_changed_since_lists_the_keys_changed_after_a_generation_newest_first(
+    store: ObjectStore,
+) -> None:
+    other = dataclasses.replace(CM, name="other")
+    store.upsert(CM)
+    since = store.generation
+    assert store.changed_since(since) == ()
+    store.upsert(other)
+    store.upsert(dataclasses.replace(CM, resource_version=ResourceVersion("2")))
+    assert store.changed_since(since) == (CM.key, other.key)
+    store.upsert(other)  # unchanged: not a change
+    assert store.changed_since(since) == (CM.key, other.key)
+    store.delete(other.key)  # deleted: neither listed nor kept
+    assert store.changed_since(since) == (CM.key,)
+    assert store.changed_at(other.key) is None
+    assert store.changed_since(store.generation) == ()
