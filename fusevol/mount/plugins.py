@@ -84,14 +84,14 @@ class MountPlugins:
         if plugin is Plugin.HOST_PATH:
             return
         await self._backend.unmount(path)
-        if plugin is Plugin.EMPTY_DIR:
-            await trio.to_thread.run_sync(self._remove_tree, path)
-        elif plugin is Plugin.GIT_REPO:
-            await trio.to_thread.run_sync(self._remove_tree, path)
+        if plugin not in (Plugin.EMPTY_DIR, Plugin.GIT_REPO):
+            await trio.to_thread.run_sync(_remove_dir, path)
+            return
+        self._check_nothing_mounted_below(path)  # on the trio thread, as every use of the table
+        await trio.to_thread.run_sync(_remove_tree, path)
+        if plugin is Plugin.GIT_REPO:
             meta_dir = layout.volume_meta_dir(path, Plugin.GIT_REPO)
             await trio.to_thread.run_sync(gitrepo.remove, path, meta_dir)
-        else:
-            await trio.to_thread.run_sync(_remove_dir, path)
 
     async def _mount(
         self, target: Path, source: str, options: list[str], *, fstype: str | None
@@ -123,14 +123,12 @@ class MountPlugins:
                 raise VolumeSetupError(f"emptyDir sizeLimit: {exc}") from None
         await self._mount(target, "tmpfs", options, fstype="tmpfs")
 
-    def _remove_tree(self, path: Path) -> None:
-        """Delete an emptyDir's content with it, but never through a mount inside it."""
+    def _check_nothing_mounted_below(self, path: Path) -> None:
+        """Never delete an emptyDir's content through a mount inside it."""
         prefix = os.path.join(path, "")
         inside = [mp.path for mp in self._backend.mount_points() if mp.path.startswith(prefix)]
         if inside:
             raise MountError(f"cannot remove {path}: still mounted below it: {', '.join(inside)}")
-        with contextlib.suppress(FileNotFoundError):
-            shutil.rmtree(path)
 
 
 def _nfs_source(nfs: NFSVolumeSource) -> str:
@@ -198,3 +196,9 @@ def _make_dir(path: Path, mode: int) -> None:
 def _remove_dir(path: Path) -> None:
     with contextlib.suppress(FileNotFoundError):
         os.rmdir(path)
+
+
+def _remove_tree(path: Path) -> None:
+    """Delete a volume directory with its content (`_check_nothing_mounted_below` first)."""
+    with contextlib.suppress(FileNotFoundError):
+        shutil.rmtree(path)

@@ -14,12 +14,19 @@ from a dict instead. It is read again (`load`) only when it cannot be right:
         have changed more than the operation itself (a lazy detach of a mount with submounts).
 A bind is recorded as the kernel would list it: the device of the mount holding its source, the
 source's path inside that mount as its root, on top of whatever was mounted at the target.
+
+The table belongs to the trio thread: every call, `load` included, is made there (a load in a
+worker thread would replace the table with a read that misses the binds recorded meanwhile; a
+tear-down of 200 pods then found a bind missing from the table, skipped its unmount and failed
+to remove its directory, EBUSY). The mount syscalls themselves run in worker threads; their
+results are recorded when they return.
 """
 
 from __future__ import annotations
 
 import itertools
 import os
+import threading
 from typing import TYPE_CHECKING
 
 from fusevol.mount.backend import MountPoint
@@ -42,9 +49,13 @@ class MountTable:
         """Ids of the mounts recorded from our own binds (the kernel's ids are not read back)."""
         self.loads = 0
         """How many times mountinfo was read (for tests and benchmarks)."""
+        self._thread = threading.get_ident()
+        """The thread that may use the table: the one that made it (the trio thread)."""
 
     def load(self) -> tuple[MountPoint, ...]:
         """Read mountinfo again; the table becomes what it says."""
+        if threading.get_ident() != self._thread:
+            raise RuntimeError("the mount table is used from another thread than its own")
         with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
             lines = [line for line in f if line.strip()]
         previous = self._parsed
@@ -134,13 +145,14 @@ class MountTable:
             path = parent
 
     def _replace(self, mounts: Iterable[MountPoint]) -> None:
-        self._at, self._children, self._loaded = {}, {}, True
+        at: dict[str, list[MountPoint]] = {}
+        children: dict[int, int] = {}
         for mp in mounts:
-            self._add(mp)
+            _add(at, children, mp)
+        self._at, self._children, self._loaded = at, children, True  # never seen half built
 
     def _add(self, mp: MountPoint) -> None:
-        self._at.setdefault(mp.path, []).append(mp)
-        self._children[mp.parent_id] = self._children.get(mp.parent_id, 0) + 1
+        _add(self._at, self._children, mp)
 
     def _uncount(self, mp: MountPoint) -> None:
         left = self._children.get(mp.parent_id, 0) - 1
@@ -148,6 +160,11 @@ class MountTable:
             self._children[mp.parent_id] = left
         else:
             self._children.pop(mp.parent_id, None)
+
+
+def _add(at: dict[str, list[MountPoint]], children: dict[int, int], mp: MountPoint) -> None:
+    at.setdefault(mp.path, []).append(mp)
+    children[mp.parent_id] = children.get(mp.parent_id, 0) + 1
 
 
 def _unescape(field: str) -> str:
