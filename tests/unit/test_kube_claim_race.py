@@ -73,6 +73,9 @@ class Stream:
         return self.closed or (self.waiting.is_set() and self.events.empty())
 
 
+GONE = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": ""}}
+
+
 class ScriptedClient:
     """The calls the Kubernetes source makes, answered from a dict; watches carry what `send`
     sends. `on_create(pv)` runs inside the PV's create, before it answers."""
@@ -87,6 +90,9 @@ class ScriptedClient:
         self.listing: set[str] = set()
         self.on_create: Callable[[Obj], None] = lambda pv: None
         self.deleted: list[str] = []
+        self.compacted = 0
+        """History before this resourceVersion is gone: a watch from before it gets 410 at
+        once, as from the API server (a watch opened after `expire` must relist too)."""
         self.history: list[tuple[int, Kind, Obj]] = []
         """Every event sent: a watch opened from a resourceVersion gets those after it first,
         as from the API server's watch cache."""
@@ -120,10 +126,10 @@ class ScriptedClient:
         with self._lock:
             self._version += 1
             del self.objects[kind, name]
-            gone = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": ""}}
+            self.compacted = self._version
             for stream in self.streams:
                 if stream.kind is kind and stream.field_selector == f"metadata.name={name}":
-                    stream.events.put(gone)
+                    stream.events.put(GONE)
 
     def opened(self, kind: Kind, field_selector: str) -> int:
         return sum(1 for s in self.streams if (s.kind, s.field_selector) == (kind, field_selector))
@@ -157,6 +163,8 @@ class ScriptedClient:
     def open_watch(self, kind: Kind, **query: Any) -> Stream:
         stream = Stream(kind, query["field_selector"], query.get("label_selector", ""))
         with self._lock:
+            if int(query["resource_version"]) < self.compacted:
+                stream.events.put(GONE)
             for version, event_kind, event in self.history:
                 if version > int(query["resource_version"]) and stream.matches(
                     event_kind, event["object"]
