@@ -24,8 +24,7 @@ import pytest
 from fusevol.fuse.session import can_take_over
 from tests.agent import AgentProcess, force_stop, pid_alive, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
-from tests.manifests import POD_UID, write_pod_set
-from tests.manifests import configmap as pod_set_configmap
+from tests.manifests import POD_UID, configmap as pod_set_configmap, write_pod_set
 from tests.served import check_one_complete_version
 
 if TYPE_CHECKING:

@@ -27,8 +27,7 @@ from tests.agent import (
     wait_for,
     write_atomically,
 )
-from tests.manifests import FILES, POD_UID, configmap, write_pod_set
-from tests.manifests import pod as pod_set_pod
+from tests.manifests import FILES, POD_UID, configmap, pod as pod_set_pod, write_pod_set
 from tests.served import Snapshot, pod_set_snapshots
 
 if TYPE_CHECKING:
