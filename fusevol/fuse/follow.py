@@ -259,7 +259,12 @@ async def _serve(root: Path) -> None:
                 idle_since = None
                 while True:
                     await trio.sleep(1.0)
-                    busy = await trio.to_thread.run_sync(follow_process.in_use, root)
+                    # Abandoned on a stop: once pyfuse3.main is cancelled nothing answers this
+                    # server's own requests, and a thread left waiting on one would keep the
+                    # process alive for ever (until close() below ends the connection).
+                    busy = await trio.to_thread.run_sync(
+                        follow_process.in_use, root, abandon_on_cancel=True
+                    )
                     now = time.monotonic()
                     idle_since = None if busy else idle_since or now
                     if idle_since is not None and now - idle_since >= _IDLE_EXIT_S:

@@ -87,7 +87,7 @@ def follow_mounts(root: Path) -> list[str]:
 
 def in_use(root: Path) -> bool:
     """A view of the server is bound below the root, or an agent runs on it."""
-    own = os.path.realpath(mountpoint(root))
+    own = os.path.join(os.path.realpath(layout.agent_dir(root)), "follow")  # no stat of our mount
     if any(path != own for path in follow_mounts(root)):
         return True
     try:
