@@ -20,7 +20,14 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import AgentProcess, force_stop, mounts_below, wait_for, write_atomically
+from tests.agent import (
+    AgentProcess,
+    force_stop,
+    mounts_below,
+    running_agent,
+    wait_for,
+    write_atomically,
+)
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
 
 if TYPE_CHECKING:
@@ -105,11 +112,8 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     manifests.mkdir()
     (manifests / "config.yaml").write_text(configmap("1"))
     (manifests / "pod.yaml").write_text(POD)
-    running = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
-    try:
+    with running_agent(manifests, tmp_path / "root") as running:
         yield running
-    finally:
-        force_stop(running)
 
 
 def ctr_mounts(root: Path, container: str) -> list[str]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from tests.agent import AgentProcess, force_stop, write_atomically
+from tests.agent import AgentProcess, running_agent, write_atomically
 from tests.containerd.runtime import Containerd, needs_containerd
 
 if TYPE_CHECKING:
@@ -53,11 +53,8 @@ def agent(tmp_path: Path) -> Iterator[AgentProcess]:
     manifests = tmp_path / "manifests"
     manifests.mkdir()
     (manifests / "pod.yaml").write_text(POD)
-    running = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
-    try:
+    with running_agent(manifests, tmp_path / "root") as running:
         yield running
-    finally:
-        force_stop(running)
 
 
 def test_wait_names_the_missing_volume_then_returns_once_the_configmap_appears(
