@@ -21,7 +21,7 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from fusevol import layout
+from fusevol import layout, mountinfo
 from fusevol.errors import VolumeSetupError
 from fusevol.fsutil import flock_held
 
@@ -72,17 +72,9 @@ def running_pid(root: Path) -> int | None:
 def follow_mounts(root: Path) -> list[str]:
     """Mount points of the follow file system at or below `root` (the server's own and views)."""
     prefix = os.path.join(os.path.realpath(root), "")
-    found = []
-    with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as f:
-        for line in f:
-            fields, _, rest = line.partition(" - ")
-            parts = fields.split()
-            if len(parts) < 5 or rest.split(" ", 1)[0] != FSTYPE:
-                continue
-            path = _unescape(parts[4])
-            if path.startswith(prefix):
-                found.append(path)
-    return found
+    return [
+        mp.path for mp in mountinfo.read() if mp.fstype == FSTYPE and mp.path.startswith(prefix)
+    ]
 
 
 def in_use(root: Path) -> bool:
@@ -146,18 +138,3 @@ def stop(root: Path, *, timeout_s: float = 5.0) -> None:
         subprocess.run(["umount", "-l", path], check=False, capture_output=True)
     with contextlib.suppress(OSError):
         os.rmdir(mountpoint(root))
-
-
-def _unescape(path: str) -> str:
-    """mountinfo's octal escapes (`\\040` for a space)."""
-    if "\\" not in path:
-        return path
-    out, i = [], 0
-    while i < len(path):
-        if path[i] == "\\" and path[i + 1 : i + 4].isdigit():
-            out.append(chr(int(path[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(path[i])
-            i += 1
-    return "".join(out)

@@ -9,29 +9,13 @@ credentials, say) travel apart from the others and are never logged (mount-utils
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-
-@dataclass(frozen=True, slots=True)
-class MountPoint:
-    """One line of /proc/self/mountinfo."""
-
-    mount_id: int
-    parent_id: int
-    root: str
-    """The path inside the source file system that is mounted (a bind mount's subtree)."""
-    path: str
-    """Where it is mounted."""
-    options: tuple[str, ...]
-    fstype: str
-    source: str
-    device: str = ""
-    """`major:minor` of the mounted file system: the same for every bind of one FUSE connection."""
+    from fusevol.mountinfo import MountPoint
 
 
 class MountBackend(Protocol):

@@ -13,13 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fusevol.mount.backend import MountBackend, MountPoint
+from fusevol.mountinfo import MountPoint
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
     from fusevol.errors import MountError
+    from fusevol.mount.backend import MountBackend
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from fusevol.errors import MountError
 from fusevol.mount.table import MountTable
 
 if TYPE_CHECKING:
-    from fusevol.mount.backend import MountBackend, MountPoint
-
-if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
+
+    from fusevol.mount.backend import MountBackend
+    from fusevol.mountinfo import MountPoint
 
 log = logging.getLogger(__name__)
 

@@ -29,14 +29,14 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from fusevol.mount.backend import MountPoint
+from fusevol.mountinfo import PATH, MountPoint, parse_line
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 
 class MountTable:
-    def __init__(self, mountinfo: str = "/proc/self/mountinfo") -> None:
+    def __init__(self, mountinfo: str = PATH) -> None:
         self._mountinfo = mountinfo
         self._at: dict[str, list[MountPoint]] = {}
         """Mount point path -> the mounts there, in mount order."""
@@ -59,7 +59,7 @@ class MountTable:
         with open(self._mountinfo, encoding="utf-8", errors="surrogateescape") as f:
             lines = [line for line in f if line.strip()]
         previous = self._parsed
-        self._parsed = {line: previous.get(line) or parse_mountinfo_line(line) for line in lines}
+        self._parsed = {line: previous.get(line) or parse_line(line) for line in lines}
         self._replace(self._parsed.values())
         self.loads += 1
         return tuple(self._parsed.values())
@@ -165,33 +165,3 @@ class MountTable:
 def _add(at: dict[str, list[MountPoint]], children: dict[int, int], mp: MountPoint) -> None:
     at.setdefault(mp.path, []).append(mp)
     children[mp.parent_id] = children.get(mp.parent_id, 0) + 1
-
-
-def _unescape(field: str) -> str:
-    """mountinfo escapes space, tab, newline and backslash as octal `\\ooo`."""
-    if "\\" not in field:
-        return field
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and field[i + 1 : i + 4].isdigit():
-            out.append(chr(int(field[i + 1 : i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def parse_mountinfo_line(line: str) -> MountPoint:
-    fields = line.split()
-    separator = fields.index("-", 6)
-    return MountPoint(
-        mount_id=int(fields[0]),
-        parent_id=int(fields[1]),
-        device=fields[2],
-        root=_unescape(fields[3]),
-        path=_unescape(fields[4]),
-        options=tuple(fields[5].split(",")),
-        fstype=fields[separator + 1],
-        source=_unescape(fields[separator + 2]),
-    )
