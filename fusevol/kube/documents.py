@@ -1,16 +1,34 @@
-"""Model objects as the API shows them: the inverse of `fusevol.decode.objects`, for the objects
-the agent writes (a provisioned PersistentVolume, to the API or to the agent's own record).
+"""API documents and model objects, both ways: `convert` reads what the API server sends (an
+invalid object is logged and skipped, never fatal), `to_document` renders what the agent writes
+(a provisioned PersistentVolume, to the API or to the agent's own record).
 
 No `kubernetes` import here: the manifest source's record uses it too.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
+from fusevol.decode.objects import convert_object
+from fusevol.errors import ManifestError
 from fusevol.model import LocalVolumeSource, PersistentVolume
 
+if TYPE_CHECKING:
+    from fusevol.model import KubeObject
+
+log = logging.getLogger(__name__)
+
 _HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def convert(raw: dict[str, Any], *, origin: str) -> KubeObject | None:
+    """An API object as a model object; None (and one ERROR line) if it is invalid for fusevol."""
+    try:
+        return convert_object(raw, origin=origin)
+    except ManifestError as exc:
+        log.error("object rejected, keeping its previous state: %s", exc)
+        return None
 
 
 def to_document(pv: PersistentVolume) -> dict[str, Any]:

@@ -31,10 +31,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.decode.objects import convert_object
-from fusevol.errors import ManifestError
 from fusevol.kube.client import ApiError
-from fusevol.kube.documents import to_document
+from fusevol.kube.documents import convert, to_document
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import Kind, ObjectKey, PersistentVolume
 
@@ -42,7 +40,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
-    from fusevol.model import KubeObject
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +121,7 @@ class KubeVolumeRecorder:
             created = await self._create(pv.name, document)
             created.setdefault("kind", "PersistentVolume")
             created.setdefault("apiVersion", "v1")
-            obj = self._convert(created)
+            obj = convert(created, origin=self._origin)
             if not isinstance(obj, PersistentVolume) or not self._ours(obj):
                 raise ApiError(409, "AlreadyExists", f"persistentvolume {pv.name} exists, not ours")
             self._put(obj)
@@ -164,7 +161,7 @@ class KubeVolumeRecorder:
     async def _replace(self, items: list[Obj]) -> None:
         volumes = {}
         for raw in items:
-            obj = self._convert(raw)
+            obj = convert(raw, origin=self._origin)
             if isinstance(obj, PersistentVolume) and self._ours(obj):
                 volumes[obj.name] = obj
         if volumes != self._volumes:
@@ -177,17 +174,9 @@ class KubeVolumeRecorder:
             if self._volumes.pop(name, None) is not None:
                 self._on_change()
             return
-        obj = self._convert(raw)
+        obj = convert(raw, origin=self._origin)
         if isinstance(obj, PersistentVolume) and self._ours(obj):
             self._put(obj)
-
-    def _convert(self, raw: Obj) -> KubeObject | None:
-        """A PV the API holds as a model object; None (and one ERROR line) if it is invalid."""
-        try:
-            return convert_object(raw, origin=self._origin)
-        except ManifestError as exc:
-            log.error("object rejected, keeping its previous state: %s", exc)
-            return None
 
     def _put(self, pv: PersistentVolume) -> None:
         old = self._volumes.get(pv.name)

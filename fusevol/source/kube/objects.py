@@ -28,8 +28,8 @@ from typing import TYPE_CHECKING, Protocol
 import cachetools
 import trio
 
-from fusevol.decode.objects import convert_object
-from fusevol.errors import FusevolError, ManifestError
+from fusevol.errors import FusevolError
+from fusevol.kube.documents import convert
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 
@@ -38,18 +38,9 @@ if TYPE_CHECKING:
 
     from fusevol.cache.store import ObjectStore
     from fusevol.kube.client import KubeClient, Obj
-    from fusevol.model import KubeObject, ObjectKey
+    from fusevol.model import ObjectKey
 
 log = logging.getLogger(__name__)
-
-
-def convert(raw: Obj, *, origin: str) -> KubeObject | None:
-    """An API object as a model object; None (and one ERROR line) if it is invalid for fusevol."""
-    try:
-        return convert_object(raw, origin=origin)
-    except ManifestError as exc:
-        log.error("object rejected, keeping its previous state: %s", exc)
-        return None
 
 
 @dataclass(frozen=True, slots=True)

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import (
@@ -60,7 +61,6 @@ from fusevol.source.kube.objects import (
     ObjectTracker,
     TrackerStatistics,
     WatchedObjects,
-    convert,
 )
 from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
