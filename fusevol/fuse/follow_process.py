@@ -40,6 +40,12 @@ def mountpoint(root: Path) -> Path:
     return layout.agent_dir(root) / "follow"
 
 
+def _resolved_mountpoint(root: Path) -> str:
+    """`mountpoint(root)` as mountinfo lists it, resolved without a stat of the mount itself
+    (a request to the follow server, which may be the caller, or hung)."""
+    return os.path.join(os.path.realpath(layout.agent_dir(root)), "follow")
+
+
 def _lock_path(root: Path) -> Path:
     return layout.agent_dir(root) / "follow.lock"
 
@@ -79,7 +85,7 @@ def follow_mounts(root: Path) -> list[str]:
 
 def in_use(root: Path) -> bool:
     """A view of the server is bound below the root, or an agent runs on it."""
-    own = os.path.join(os.path.realpath(layout.agent_dir(root)), "follow")  # no stat of our mount
+    own = _resolved_mountpoint(root)
     if any(path != own for path in follow_mounts(root)):
         return True
     try:
@@ -89,9 +95,7 @@ def in_use(root: Path) -> bool:
 
 
 def is_serving(root: Path) -> bool:
-    return running_pid(root) is not None and os.path.realpath(mountpoint(root)) in follow_mounts(
-        root
-    )
+    return running_pid(root) is not None and _resolved_mountpoint(root) in follow_mounts(root)
 
 
 def ensure_running(root: Path) -> None:
@@ -100,7 +104,7 @@ def ensure_running(root: Path) -> None:
     if is_serving(root):
         return
     if running_pid(root) is None:
-        own = os.path.realpath(mountpoint(root))
+        own = _resolved_mountpoint(root)
         if own in follow_mounts(root):  # a dead server's mount: its views are stacked anew
             subprocess.run(["umount", "-l", own], check=False, capture_output=True)
         log_path = layout.agent_dir(root) / "follow.log"
