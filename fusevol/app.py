@@ -243,6 +243,7 @@ class Agent:
             fuse_scope = self._fuse_scope
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
+                self.backend.mount_points()  # the table learns our mount: pyfuse3 made it
                 await fuse_nursery.start(self._run_publisher)
                 try:
                     with self._active:

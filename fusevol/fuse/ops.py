@@ -9,7 +9,8 @@ other process. Everything that would write file data or attributes is EROFS for 
 
 Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
-structural change goes through the VFS, which keeps the kernel's caches right by itself.
+structural change goes through the VFS, which keeps the kernel's caches right by itself, but the
+creation of a name the kernel holds nothing of (docs/fuse.md fact 14).
 
 The fast read path (docs/fuse.md fact 4) needs fusevol's patched pyfuse3 (`patches/pyfuse3`,
 installed by `.ci/install-pyfuse3`); with stock pyfuse3 everything works as before, only slower. It

@@ -7,7 +7,8 @@ thread of the agent): mkdir of the version directory, symlink
 after a grace period, rmdir of the old version. The kernel thus updates its caches itself, and
 inotify watchers on the volume directory (or on any bind mount of it) see exactly kubelet's events:
 CREATE `..data_tmp`, MOVED_FROM/MOVED_TO `..data`, DELETE of the old version (docs/fuse.md fact 2).
-No file is ever rewritten, and no notify call is needed.
+No file is ever rewritten, and no notify call is needed. A new volume's first version needs none
+of this: its directory appears whole, with no request at all (`_create`).
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
 Only the helpers' pids may perform them (`is_publisher`, checked by `fusevol.fuse.ops`).
@@ -32,6 +33,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.fuse.tree import symlink_gid
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
@@ -52,6 +54,17 @@ class Version:
     payload: Payload
     gid: int | None
     dir_mode: int
+
+
+@dataclass(frozen=True, slots=True)
+class VolumeDir:
+    """A volume's own directory, which stays across its versions."""
+
+    mode: int
+    gid: int = 0
+    nested: tuple[str, ...] = ()
+    """Mountpoint directories of the volumes mounted below this one (docs/kubelet.md fact 1)."""
+    nested_mode: int = 0o755
 
 
 HELPERS = 2
@@ -135,29 +148,6 @@ class Publisher:
     def volumes(self) -> tuple[bytes, ...]:
         return tuple(self._versions)
 
-    async def create_volume(
-        self,
-        volume: bytes,
-        *,
-        mode: int,
-        gid: int = 0,
-        nested: tuple[str, ...] = (),
-        nested_mode: int = 0o755,
-    ) -> None:
-        """Create the volume directory, empty but for the `nested` mountpoint directories (kept
-        across versions: docs/kubelet.md fact 1). No-op if it exists."""
-        if volume in self._versions:
-            return
-        root = self._tree.new_dir(mode=mode, gid=gid)
-        for name in nested:
-            self._tree.link(root, name.encode(), self._tree.new_dir(mode=nested_mode, gid=gid))
-        self._tree.stage(self._tree.root, volume, root)
-        try:
-            await self._vfs("mkdir", self.path(volume))
-        finally:
-            self._tree.unstage(self._tree.root, volume)
-        self._versions[volume] = None
-
     async def remove_volume(self, volume: bytes) -> None:
         """Remove the volume directory and every version in it. No-op if it does not exist."""
         if (
@@ -169,11 +159,19 @@ class Publisher:
             await self._vfs("rmdir", self.path(volume))
 
     async def publish(
-        self, volume: bytes, payload: Payload, *, gid: int | None = None, dir_mode: int = 0o755
+        self,
+        volume: bytes,
+        payload: Payload,
+        *,
+        gid: int | None = None,
+        dir_mode: int = 0o755,
+        new: VolumeDir | None = None,
     ) -> bool:
         """Make `payload` the volume's content. Returns False if it already was.
 
-        The steps carry AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
+        A volume that does not exist yet is made as `new` says, with `payload` as its first
+        version, and appears whole (`_create`). For an existing one, the steps carry
+        AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
         (1) the payload was validated by its builder (`fusevol.projection`);
         (2) the current version is known here, not read back;
         (3) top-level names of the old version that the new one lacks are to be removed;
@@ -185,9 +183,13 @@ class Publisher:
         (11) unlink the top-level names of (3);
         (12) remove the old version, after the grace period.
         """
+        if self._tree.child(self._tree.root, volume) is None:
+            assert new is not None, f"volume {volume!r} does not exist"
+            self._create(volume, payload, gid, dir_mode, new)
+            return True
         root = self.path(volume)
         volume_dir = self._tree.child(self._tree.root, volume)
-        assert volume_dir is not None, f"volume {volume!r} was not created"
+        assert volume_dir is not None
         old = self._versions[volume]
         new_names = _top_level(payload)
         missing = {n for n in new_names if self._tree.child(volume_dir, n) is None}
@@ -219,6 +221,32 @@ class Publisher:
         if old is not None:  # (12)
             self._remove_later(root / os.fsdecode(old.name))
         return True
+
+    def _create(
+        self, volume: bytes, payload: Payload, gid: int | None, dir_mode: int, new: VolumeDir
+    ) -> None:
+        """Build the volume's directory in memory as the steps of `publish` would leave it (the
+        nested mountpoints, the version, `..data` and the top-level links) and attach it without
+        a VFS operation: the kernel holds nothing under a name that does not exist yet, not even
+        a negative entry (docs/fuse.md fact 14), so its next lookup finds the whole directory.
+        No request and no helper round trip, where the steps of `publish` cost a dozen of each.
+        Nobody can watch inside a directory that does not exist yet; the next version is
+        switched in by the VFS operations of `publish`, with kubelet's events
+        (docs/fuse.md fact 2)."""
+        root = self._tree.new_dir(mode=new.mode, gid=new.gid)
+        for nested in new.nested:
+            mountpoint = self._tree.new_dir(mode=new.nested_mode, gid=new.gid)
+            self._tree.link(root, nested.encode(), mountpoint)
+        name = self._unused_name(root)
+        self._tree.link(root, name, self._tree.build_version(payload, dir_mode=dir_mode, gid=gid))
+        link_gid = symlink_gid(root)
+        self._tree.link(root, DATA, self._tree.new_symlink(name, gid=link_gid))
+        for top in sorted(_top_level(payload)):
+            if self._tree.child(root, top) is None:
+                self._tree.link(root, top, self._tree.new_symlink(DATA + b"/" + top, gid=link_gid))
+        self._tree.add(self._tree.root, volume, root)
+        self._versions[volume] = Version(name, payload, gid, dir_mode)
+        self._publishes += 1
 
     def statistics(self) -> PublisherStatistics:
         return PublisherStatistics(len(self._versions), self._publishes, self._pending_removals)

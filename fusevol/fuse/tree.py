@@ -16,6 +16,7 @@ mount (`mkdir`, `symlink`, `rename`, `unlink`, `rmdir`: see `fusevol.fuse.publis
 updates its dentry cache and raises inotify events exactly as for kubelet's tmpfs
 (docs/fuse.md fact 2). A directory cannot be created empty and then filled, so its content is
 built here first and *staged* under the name the agent will `mkdir`; the mkdir attaches it whole.
+A name that does not exist yet needs no VFS operation at all (`add`: docs/fuse.md fact 14).
 
 Lifetimes follow the FUSE contract (pyfuse3 `Operations.forget`): a node is in the inode table
 while it is reachable from the root or the kernel still holds lookups on it; a detached node is
@@ -148,6 +149,9 @@ class Tree:
     def new_file(self, data: bytes, *, mode: int, uid: int = 0, gid: int = 0) -> Node:
         return self._new(stat.S_IFREG | mode, uid, gid, data=data)
 
+    def new_symlink(self, target: bytes, *, gid: int = 0) -> Node:
+        return self._new(stat.S_IFLNK | 0o777, 0, gid, target=target)
+
     def build_version(
         self, payload: Payload, *, dir_mode: int = 0o755, gid: int | None = None
     ) -> Node:
@@ -261,12 +265,22 @@ class Tree:
             self.observer.attached(parent, name, node)
         return node
 
+    def add(self, parent: Node, name: bytes, node: Node) -> None:
+        """Attach the new subtree `node` at `parent/name` without a VFS operation: the kernel holds
+        no entry for a name that does not exist, not even a negative one (docs/fuse.md fact 14),
+        so its next lookup of `name` finds `node`. No lookup is counted: the kernel knows
+        nothing of it yet."""
+        if name in parent.children:  # type: ignore[operator]
+            raise OSError(errno.EEXIST, "exists")
+        self._attach(parent, name, node)
+        if self.observer is not None:
+            self.observer.attached(parent, name, node)
+
     def symlink(self, parent_inode: int, name: bytes, target: bytes) -> Node:
         parent = self._directory(parent_inode)
         if name in parent.children:  # type: ignore[operator]
             raise OSError(errno.EEXIST, "exists")
-        node = self._new(stat.S_IFLNK | 0o777, 0, parent.gid if parent.mode & stat.S_ISGID else 0)
-        node.target = target
+        node = self.new_symlink(target, gid=symlink_gid(parent))
         self._attach(parent, name, node)
         node.nlookup += 1
         if self.observer is not None:
@@ -354,6 +368,11 @@ class Tree:
         now = self._clock_ns()
         for directory in directories:
             directory.mtime_ns = now
+
+
+def symlink_gid(parent: Node) -> int:
+    """The group of a symlink made in `parent`: the directory's if it is setgid (fsGroup)."""
+    return parent.gid if parent.mode & stat.S_ISGID else 0
 
 
 def _link(parent: Node, name: bytes, node: Node) -> None:

@@ -31,14 +31,23 @@ class MountBackend(Protocol):
         """`mount [-t fstype] [-o options] source target`. No-op if `target` is a mount point."""
 
     async def bind(
-        self, source: Path, target: Path, *, read_only: bool, stack: bool = False
+        self,
+        source: Path,
+        target: Path,
+        *,
+        read_only: bool,
+        stack: bool = False,
+        make_target: int | None = None,
     ) -> None:
         """Bind-mount `source` at `target`, read-only if asked.
 
         No-op if `target` is a mount point. With `stack`, the bind goes on top of whatever is
         mounted at `target` (a dead or live bind of a previous agent's FUSE mount), no-op only if
         the top mount there already is a bind of `source`; and the new mount is made shared, so
-        that the next one stacked on it propagates into containers' rslave copies of it."""
+        that the next one stacked on it propagates into containers' rslave copies of it. Stacked
+        binds are of fusevol's own file systems, which always answer (the real backend runs them
+        in batches). `make_target`: if `target` is not a mount point, create it and its missing
+        parents with this mode (Go's `MkdirAll`)."""
 
     async def unmount(self, target: Path, *, force: bool = False) -> None:
         """Unmount everything mounted at `target` (a stack of mounts included); a corrupted mount

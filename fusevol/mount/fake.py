@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fusevol.fsutil import mkdir_all
 from fusevol.mountinfo import MountPoint
 
 if TYPE_CHECKING:
@@ -59,12 +60,20 @@ class FakeMountBackend:
         self.actions.append(Action("mount", str(target), source, fstype or "", tuple(options)))
 
     async def bind(
-        self, source: Path, target: Path, *, read_only: bool, stack: bool = False
+        self,
+        source: Path,
+        target: Path,
+        *,
+        read_only: bool,
+        stack: bool = False,
+        make_target: int | None = None,
     ) -> None:
         top = self._top(target)
         if top is not None and (not stack or top.root == str(source)):
             return
         self._fail_if_asked()
+        if make_target is not None and top is None:
+            mkdir_all(target, make_target)
         options = ("ro",) if read_only else ("rw",)
         self._add(source="bind", target=target, root=str(source), fstype="bind", options=options)
         self.actions.append(Action("bind", str(target), str(source), "", options))

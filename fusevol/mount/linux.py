@@ -16,18 +16,21 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import logging
 import os
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol.errors import MountError
+from fusevol.fsutil import mkdir_all
+from fusevol.mount.batch import Batches
 from fusevol.mount.table import MountTable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-    from pathlib import Path
 
     from fusevol.mount.backend import MountBackend
     from fusevol.mountinfo import MountPoint
@@ -56,6 +59,8 @@ _KEPT_FLAGS = (  # statvfs f_flag bit (ST_*) -> the mount flag a read-only remou
     (os.ST_NODEV, _MS_NODEV),
     (os.ST_NOEXEC, _MS_NOEXEC),
 )
+_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
+"""The same flags as mountinfo's per-mount options name them."""
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -71,6 +76,7 @@ class LinuxMountBackend:
         whether systemd is the init system."""
         self._command_timeout_s = command_timeout_s
         self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
+        self._batches = Batches()
         self.table = MountTable(mountinfo)
         """What is mounted where, as this backend knows it (read from mountinfo when it may be
         wrong: `table` module docstring)."""
@@ -111,7 +117,13 @@ class LinuxMountBackend:
             self.table.mounted()
 
     async def bind(
-        self, source: Path, target: Path, *, read_only: bool, stack: bool = False
+        self,
+        source: Path,
+        target: Path,
+        *,
+        read_only: bool,
+        stack: bool = False,
+        make_target: int | None = None,
     ) -> None:
         if self._is_bind_of(source, target) if stack else self.is_mount_point(target):
             return
@@ -121,10 +133,22 @@ class LinuxMountBackend:
             "bind source=%s target=%s read_only=%s shared=%s", source, target, read_only, stack
         )
         source_path, target_path = _absolute(source), _absolute(target)
+        if self.is_mount_point(target):
+            make_target = None
+        bind = functools.partial(
+            _bind,
+            source_path,
+            target_path,
+            read_only,
+            stack,
+            make_target,
+            self.table.holder(source_path),
+        )
         try:
-            device = await trio.to_thread.run_sync(
-                _bind, source_path, target_path, read_only, stack
-            )
+            if stack:  # binds of fusevol's own file systems, which answer: in batches
+                device = await self._batches.run_sync(bind)
+            else:
+                device = await trio.to_thread.run_sync(bind)
         except OSError as exc:
             raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
         self.table.bound(source_path, target_path, read_only=read_only, device=device)
@@ -210,25 +234,52 @@ def _umount2(target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
-def _bind(source: str, target: str, read_only: bool, shared: bool) -> str:
-    """0. stat `source` for its device; 1. bind `source` on `target`; 2. if `read_only`, remount
-    the bind read-only, keeping its nosuid/nodev/noexec (a bind remount sets exactly the flags
-    given); 3. if `shared`, make it a shared mount. A failure after step 1 detaches the layer
-    just added, and only it. Returns the source's device, `major:minor` as mountinfo shows it."""
+def _bind(
+    source: str,
+    target: str,
+    read_only: bool,
+    shared: bool,
+    make_target: int | None,
+    holder: MountPoint | None,
+) -> str:
+    """0. stat `source` for its device, and create `target` with mode `make_target` if given;
+    1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
+    nosuid/nodev/noexec (a bind remount sets exactly the flags given): those of `holder`, the
+    mount the table says `source` is on, if its device is the one the stat found, else a statvfs
+    of the new bind (a request to a FUSE server: one per bind of a pod with 100 volumes);
+    3. if `shared`, make it a shared mount. A failure after step 1 detaches the layer just added,
+    and only it. Returns the source's device, `major:minor` as mountinfo shows it."""
     st_dev = os.stat(source).st_dev
+    device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    if make_target is not None:
+        _make_dir(target, make_target)
     _mount2(source, target, _MS_BIND)
     try:
         if read_only:
-            kept = os.statvfs(target).f_flag
-            flags = _MS_REMOUNT | _MS_BIND | _MS_RDONLY
-            flags |= sum(mount for st, mount in _KEPT_FLAGS if kept & st)
-            _mount2(None, target, flags)
+            if holder is not None and holder.device == device:
+                kept = {_OPTION_FLAGS[o] for o in holder.options if o in _OPTION_FLAGS}
+            else:
+                f_flag = os.statvfs(target).f_flag
+                kept = {mount for st, mount in _KEPT_FLAGS if f_flag & st}
+            _mount2(None, target, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | sum(kept))
         if shared:
             _mount2(None, target, _MS_SHARED)
     except OSError:
         _umount2(target, _MNT_DETACH)
         raise
-    return f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    return device
+
+
+def _make_dir(path: str, mode: int) -> None:
+    """`mkdir_all`, with one mkdir(2) in the usual case (the parent exists): this runs in a batch
+    of a hundred, and each Python step of a worker thread may wait for the trio thread's GIL."""
+    try:
+        os.mkdir(path, mode)
+    except FileNotFoundError:
+        mkdir_all(Path(path), mode)
+    except FileExistsError:
+        if not os.path.isdir(path):
+            raise
 
 
 def _absolute(path: Path) -> str:

@@ -37,7 +37,7 @@ import trio
 
 from fusevol import layout
 from fusevol.errors import VolumeSetupError
-from fusevol.fsutil import mkdir_all
+from fusevol.fuse.publish import VolumeDir
 from fusevol.layout import Plugin
 from fusevol.model import (
     ConfigMap,
@@ -196,9 +196,7 @@ class ServedVolumes:
         target = self.path(volume)
         try:
             await self._serve(volume, payload, self._facts_of(volume).subtree, inputs)
-            if not self._backend.is_mount_point(target):  # else a predecessor's bind, dead or not
-                await trio.to_thread.run_sync(mkdir_all, target, 0o750)
-            await self._bind(volume, target)
+            await self._bind(volume, target, make_target=0o750)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.tear_down(volume.pod.uid, volume.spec_name, target)
@@ -243,30 +241,25 @@ class ServedVolumes:
         self, volume: VolumeToServe, payload: Payload, name: bytes, inputs: Hashable
     ) -> None:
         """Make subtree `name` (created if needed) hold `payload`, with `volume` among its users."""
-        assert volume.plugin is not None
-        fs_group = volume.pod.fs_group
         user = (volume.pod.uid, volume.spec_name)
         async with self._locks[name]:
-            await self._publisher.create_volume(
-                name,
-                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
-                gid=fs_group or 0,
-                nested=nested_mountpoints(volume),
-                nested_mode=ownership.dir_mode(0o755, fs_group),
-            )
+            await self._publish(name, volume, payload, inputs)
             self._users.setdefault(name, set()).add(user)
             self._subtree_of[user] = name
             if name.startswith(SHARED) and name not in self._objects_of:
                 self._objects_of[name] = objects = self._facts_of(volume).objects
                 for key in objects:
                     self._shared_by_object.setdefault(key, set()).add(name)
-            await self._publish(name, volume, payload, inputs)
 
-    async def _bind(self, volume: VolumeToServe, target: Path) -> None:
+    async def _bind(
+        self, volume: VolumeToServe, target: Path, *, make_target: int | None = None
+    ) -> None:
         # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
         # new one (README, "Restarts"); a no-op if ours is already there.
         source = self._publisher.path(self._subtree_of[(volume.pod.uid, volume.spec_name)])
-        await self._backend.bind(source, target, read_only=True, stack=True)
+        await self._backend.bind(
+            source, target, read_only=True, stack=True, make_target=make_target
+        )
 
     async def _release(self, user: tuple[PodUID, str], name: bytes) -> None:
         """`user` no longer uses subtree `name`: remove it if it was the last one."""
@@ -293,6 +286,9 @@ class ServedVolumes:
     async def _publish(
         self, name: bytes, volume: VolumeToServe, payload: Payload, inputs: Hashable
     ) -> bool:
+        """Publish `payload` in subtree `name`, made (as a new pod volume directory: its plugin's
+        mode, fsGroup, nested mountpoints) if it does not exist yet."""
+        assert volume.plugin is not None
         fs_group = volume.pod.fs_group
         self._published.pop(name, None)  # unknown until this publish has succeeded
         published = await self._publisher.publish(
@@ -300,6 +296,12 @@ class ServedVolumes:
             ownership.apply_fs_group(payload, fs_group),
             gid=fs_group,
             dir_mode=ownership.dir_mode(0o755, fs_group),
+            new=VolumeDir(
+                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
+                gid=fs_group or 0,
+                nested=nested_mountpoints(volume),
+                nested_mode=ownership.dir_mode(0o755, fs_group),
+            ),
         )
         if name.startswith(SHARED):
             self._published[name] = inputs

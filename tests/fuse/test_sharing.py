@@ -91,6 +91,17 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
     creds = agent.fuse_subtree(agent.volume(POD_UID, "secret", "creds"))
     wait_for(lambda: subtrees(agent) == {own.name, creds.name})  # the fixture pod's only
 
+    # A pod that brings the subtree back gets it under the same name, made without the VFS: the
+    # kernel saw the name removed and looked up in vain, and must not remember that
+    # (docs/fuse.md fact 14).
+    [name] = shared
+    assert not name.exists()
+    (manifests / "again.yaml").write_text(pod(UIDS[0]))
+    agent.wait_state(UIDS[0], "config", "mounted")
+    assert agent.fuse_subtree(volumes[0]) == name
+    assert (volumes[0] / "a").read_text() == "2"
+    assert (name / "a").read_text() == "2"
+
 
 def test_other_namespace_or_changed_spec_gets_its_own_subtree(
     agent: AgentProcess, manifests: Path

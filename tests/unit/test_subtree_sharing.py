@@ -25,7 +25,7 @@ from fusevol.projection.downward import NodeAllocatable
 from fusevol.reconciler.served import SHARED, ServedVolumes, subtree_name
 
 if TYPE_CHECKING:
-    from fusevol.fuse.publish import Publisher
+    from fusevol.fuse.publish import Publisher, VolumeDir
     from fusevol.model import Payload
 
 MOUNTPOINT = Path("/fake/mnt")
@@ -43,12 +43,11 @@ class RecordingPublisher:
     def path(self, volume: bytes) -> Path:
         return MOUNTPOINT / volume.decode()
 
-    async def create_volume(self, volume: bytes, **_: object) -> None:
-        self.content.setdefault(volume, cast("Payload", None))
-
-    async def publish(self, volume: bytes, payload: Payload, **_: object) -> bool:
-        assert volume in self.content, f"{volume!r} published before it was created"
-        if self.content[volume] == payload:
+    async def publish(
+        self, volume: bytes, payload: Payload, *, new: VolumeDir | None = None, **_: object
+    ) -> bool:
+        assert volume in self.content or new is not None, f"{volume!r} is new: how to make it?"
+        if self.content.get(volume) == payload:
             return False
         self.content[volume] = payload
         self.publishes.append(volume)
