@@ -30,20 +30,33 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = Fa
     os.replace(tmp, path)
 
 
-def mkdir_all(path: Path, mode: int) -> None:
+def mkdir_all(path: str | os.PathLike[str], mode: int) -> None:
     """Go's `os.MkdirAll(path, mode)`: every directory it creates gets `mode` (less the umask),
-    intermediate ones included (Python's `os.makedirs` applies `mode` to the last one only)."""
+    intermediate ones included (Python's `os.makedirs` applies `mode` to the last one only).
+
+    In as few system calls as it can: mkdir from the leaf up until one is made or exists, then
+    the missing ones down again; one mkdir(2) when the parent exists. Binds run it in batches of
+    thousands, in a worker thread whose every Python step may wait for the GIL."""
+    current = os.fspath(path)
     missing = []
-    current = path
-    while not os.path.isdir(current):
-        missing.append(current)
-        if current.parent == current:
+    while True:
+        try:
+            os.mkdir(current, mode)
             break
-        current = current.parent
+        except FileNotFoundError:
+            missing.append(current)
+            parent = os.path.dirname(current)
+            if parent == current:
+                raise
+            current = parent
+        except FileExistsError:
+            if not os.path.isdir(current):
+                raise
+            break
     for directory in reversed(missing):
         try:
             os.mkdir(directory, mode)
-        except FileExistsError:
+        except FileExistsError:  # made meanwhile by someone else
             if not os.path.isdir(directory):
                 raise
 

@@ -49,13 +49,16 @@ class MountBackend(Protocol):
         in batches). `make_target`: if `target` is not a mount point, create it and its missing
         parents with this mode (Go's `MkdirAll`)."""
 
-    async def unmount(self, target: Path, *, force: bool = False) -> None:
+    async def unmount(
+        self, target: Path, *, force: bool = False, remove_target: bool = False
+    ) -> None:
         """Unmount everything mounted at `target` (a stack of mounts included); a corrupted mount
         (its server is gone) is detached lazily. With `force`, abort the file system first (for
         FUSE: its connection, so every mount of it turns dead and a server stuck on it is
-        released), then detach.
+        released), then detach. With `remove_target`, then remove the directory `target` if it
+        is empty (the counterpart of `bind`'s `make_target`).
 
-        No-op if `target` is not a mount point or does not exist.
+        No-op if `target` is not a mount point or does not exist (but for `remove_target`).
         """
 
     def mount_points(self) -> tuple[MountPoint, ...]:

@@ -10,6 +10,8 @@ mypy proves the fake conforms to `MountBackend` (the `_check` below), as mount-u
 
 from __future__ import annotations
 
+import contextlib
+import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -78,11 +80,16 @@ class FakeMountBackend:
         self._add(source="bind", target=target, root=str(source), fstype="bind", options=options)
         self.actions.append(Action("bind", str(target), str(source), "", options))
 
-    async def unmount(self, target: Path, *, force: bool = False) -> None:
-        if not self.is_mount_point(target):
-            return
-        self._table = [mp for mp in self._table if mp.path != str(target)]
-        self.actions.append(Action("unmount", str(target), options=("force",) if force else ()))
+    async def unmount(
+        self, target: Path, *, force: bool = False, remove_target: bool = False
+    ) -> None:
+        if self.is_mount_point(target):
+            self._table = [mp for mp in self._table if mp.path != str(target)]
+            options = ("force",) if force else ()
+            self.actions.append(Action("unmount", str(target), options=options))
+        if remove_target:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(target)
 
     def mount_points(self) -> tuple[MountPoint, ...]:
         return tuple(self._table)

@@ -14,12 +14,12 @@ lazily instead.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import functools
 import logging
 import os
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import trio
@@ -31,6 +31,7 @@ from fusevol.mount.table import MountTable
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
+    from pathlib import Path
 
     from fusevol.mount.backend import MountBackend
     from fusevol.mountinfo import MountPoint
@@ -77,6 +78,10 @@ class LinuxMountBackend:
         self._command_timeout_s = command_timeout_s
         self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
         self._batches = Batches()
+        """Binds of fusevol's own file systems and their unmounts, with their targets."""
+        self._own_devices: set[str] = set()
+        """The devices of fusevol's own file systems (the sources of stacked binds): they answer
+        while the agent runs, so their binds are unmounted without a stat, in batches."""
         self.table = MountTable(mountinfo)
         """What is mounted where, as this backend knows it (read from mountinfo when it may be
         wrong: `table` module docstring)."""
@@ -147,25 +152,48 @@ class LinuxMountBackend:
         try:
             if stack:  # binds of fusevol's own file systems, which answer: in batches
                 device = await self._batches.run_sync(bind)
+                self._own_devices.add(device)
             else:
                 device = await trio.to_thread.run_sync(bind)
         except OSError as exc:
             raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
         self.table.bound(source_path, target_path, read_only=read_only, device=device)
 
-    async def unmount(self, target: Path, *, force: bool = False) -> None:
+    async def unmount(
+        self, target: Path, *, force: bool = False, remove_target: bool = False
+    ) -> None:
+        path = _absolute(target)
         for _ in range(_MAX_STACK):
             if not self.is_mount_point(target):
-                return
+                break
             if force:
                 # MNT_FORCE calls the file system's umount_begin (FUSE: abort the connection)
                 # before MNT_DETACH: no stat, which would hang on a stuck server.
                 await self._umount(target, _MNT_FORCE | _MNT_DETACH)
                 continue
+            top = self.table.top(path)
+            if top is not None and top.device in self._own_devices:
+                # A bind of our own file systems, which answer: no stat, in batches; the target
+                # goes in the same hop if nothing is left below. Anything else (the kernel
+                # refused) takes the path below.
+                last = remove_target and self.table.depth(path) == 1
+                try:
+                    await self._batches.run_sync(functools.partial(_unmount_own, path, last))
+                except OSError:
+                    pass
+                else:
+                    log.debug("umount2 target=%s flags=0x0", target)
+                    self.table.unmounted(path, detached=False)
+                    if last:
+                        return
+                    continue
             # stat() may reach a FUSE server, possibly our own: never on the trio thread.
             corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
             await self._umount(target, _MNT_DETACH if corrupted else 0)
-        raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
+        else:
+            raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
+        if remove_target:
+            await self._batches.run_sync(functools.partial(_remove_dir, path))
 
     def mount_points(self) -> tuple[MountPoint, ...]:
         """Read from the kernel (the whole table is asked for at start and stop only)."""
@@ -252,7 +280,7 @@ def _bind(
     st_dev = os.stat(source).st_dev
     device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
     if make_target is not None:
-        _make_dir(target, make_target)
+        mkdir_all(target, make_target)
     _mount2(source, target, _MS_BIND)
     try:
         if read_only:
@@ -270,16 +298,16 @@ def _bind(
     return device
 
 
-def _make_dir(path: str, mode: int) -> None:
-    """`mkdir_all`, with one mkdir(2) in the usual case (the parent exists): this runs in a batch
-    of a hundred, and each Python step of a worker thread may wait for the trio thread's GIL."""
-    try:
-        os.mkdir(path, mode)
-    except FileNotFoundError:
-        mkdir_all(Path(path), mode)
-    except FileExistsError:
-        if not os.path.isdir(path):
-            raise
+def _unmount_own(target: str, remove: bool) -> None:
+    """umount2 the top mount at `target`; if `remove`, then rmdir the directory below."""
+    _umount2(target, 0)
+    if remove:
+        _remove_dir(target)
+
+
+def _remove_dir(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)
 
 
 def _absolute(path: Path) -> str:

@@ -73,6 +73,11 @@ class MountTable:
         self._ensure()
         return path in self._at
 
+    def depth(self, path: str) -> int:
+        """How many mounts are stacked at `path`."""
+        self._ensure()
+        return len(self._at.get(path, ()))
+
     def top(self, path: str) -> MountPoint | None:
         """The mount that hides the others mounted at `path`: none of them is mounted on it."""
         self._ensure()

@@ -27,7 +27,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import hashlib
-import os
 import posixpath
 import time
 from dataclasses import dataclass
@@ -229,8 +228,7 @@ class ServedVolumes:
 
     async def tear_down(self, uid: PodUID, spec_name: str, target: Path) -> None:
         # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
-        await self._backend.unmount(target)
-        await trio.to_thread.run_sync(_remove_dir, target)
+        await self._backend.unmount(target, remove_target=True)
         user = (uid, spec_name)
         self._facts.pop(user, None)
         for covered in self._covered.pop(user, []):
@@ -410,8 +408,3 @@ def _uses_downward_api(volume: VolumeToServe) -> bool:
             return any(isinstance(p, DownwardAPIProjection) for p in sources)
         case _:
             return False
-
-
-def _remove_dir(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(path)

@@ -10,14 +10,14 @@ A volume the populator could not resolve (unsupported type, unbound claim) fails
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from typing import TYPE_CHECKING
-
-import trio
 
 from fusevol import layout
 from fusevol.cache.actual import MountedVolume
 from fusevol.errors import VolumeSetupError
+from fusevol.mount.batch import Batches
 from fusevol.mount.plugins import MountPlugins
 from fusevol.reconciler.reconstruct import remove_pod_dir
 from fusevol.reconciler.served import ServedVolumes
@@ -49,6 +49,7 @@ class Volumes:
         git_timeout_s: float = 300.0,
     ) -> None:
         self._root = root
+        self._pod_dirs = Batches()
         self.served = ServedVolumes(
             root=root,
             store=store,
@@ -133,8 +134,10 @@ class Volumes:
             await self.mounted.tear_down(mounted.plugin, mounted.path)
 
     async def remove_pod_dir(self, uid: PodUID) -> None:
-        """Remove the pod's directory once none of its volumes is left on the node."""
-        await trio.to_thread.run_sync(remove_pod_dir, layout.pod_dir(self._root, uid))
+        """Remove the pod's directory once none of its volumes is left on the node (directories
+        on the node's disk, with nothing mounted below: in batches, as 2000 pods go at once)."""
+        pod_dir = layout.pod_dir(self._root, uid)
+        await self._pod_dirs.run_sync(functools.partial(remove_pod_dir, pod_dir))
 
 
 def _require_plugin(volume: VolumeToServe) -> Plugin:
