@@ -244,6 +244,7 @@ class Agent:
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
                 self.backend.mount_points()  # the table learns our mount: pyfuse3 made it
+                self.backend.start_helper()
                 await fuse_nursery.start(self._run_publisher)
                 try:
                     with self._active:
@@ -290,6 +291,7 @@ class Agent:
                         fuse_nursery.cancel_scope.cancel()
         finally:
             lock.release()
+            self.backend.close()
             if self._launcher is not None:
                 self._launcher.close()
 

@@ -39,3 +39,4 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
         return removed
     finally:
         lock.release()
+        backend.close()

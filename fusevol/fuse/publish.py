@@ -21,19 +21,16 @@ can afford because unlinked dentries stay valid for those who hold them.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import random
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
 from fusevol.fuse.tree import symlink_gid
+from fusevol.helper_process import HelperProcess
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
@@ -87,8 +84,8 @@ class Publisher:
         self._publishes = 0
         self._pending_removals = 0
         self._nursery: trio.Nursery | None = None
-        self._idle: list[_Helper] = []
-        self._helpers: dict[int, _Helper] = {}
+        self._idle: list[HelperProcess] = []
+        self._helpers: dict[int, HelperProcess] = {}
         self._available = trio.Semaphore(HELPERS)
         self._leftovers: list[tuple[str, Path]] = []
 
@@ -277,7 +274,7 @@ class Publisher:
         A helper whose request is cancelled, or that died, is killed and replaced: a half-read
         answer must never reach the next caller. Its request, if the kernel already sent it to
         us, is still answered by our trio thread, so it dies at once."""
-        request = (json.dumps([op, *map(_jsonable, args)]) + "\n").encode()
+        request = [op, *map(_jsonable, args)]
         async with self._available:
             helper = self._idle.pop() if self._idle else self._spawn()
             try:
@@ -286,62 +283,20 @@ class Publisher:
                 self._discard(helper)
                 raise
             self._idle.append(helper)
-        code, message = answer
+        code, message = cast("list[Any]", answer)
         if code:
             raise OSError(code, message, str(args[0]))
 
-    def _spawn(self) -> _Helper:
-        helper = _Helper()
+    def _spawn(self) -> HelperProcess:
+        helper = HelperProcess("fusevol.fuse.vfs_helper")
         self._helpers[helper.pid] = helper
         return helper
 
-    def _discard(self, helper: _Helper) -> None:
+    def _discard(self, helper: HelperProcess) -> None:
         self._helpers.pop(helper.pid, None)
         with contextlib.suppress(ValueError):
             self._idle.remove(helper)
         helper.kill()
-
-
-class _Helper:
-    """One `fusevol.fuse.vfs_helper` process, started from the trio thread (the thread that
-    spawns it is its "parent" for PR_SET_PDEATHSIG: it must live as long as the process)."""
-
-    def __init__(self) -> None:
-        self._process = subprocess.Popen(
-            [sys.executable, "-m", "fusevol.fuse.vfs_helper", str(os.getpid())],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            close_fds=True,  # above all, not /dev/fuse
-        )
-        assert self._process.stdin is not None
-        assert self._process.stdout is not None
-        self.pid = self._process.pid
-        self._send = trio.lowlevel.FdStream(os.dup(self._process.stdin.fileno()))
-        self._receive = trio.lowlevel.FdStream(os.dup(self._process.stdout.fileno()))
-        self._process.stdin.close()
-        self._process.stdout.close()
-        self._buffer = b""
-
-    async def call(self, request: bytes) -> tuple[int, str]:
-        await self._send.send_all(request)
-        while b"\n" not in self._buffer:
-            chunk = await self._receive.receive_some()
-            if not chunk:
-                raise OSError(errno.EIO, f"publisher helper {self.pid} died")
-            self._buffer += chunk
-        line, self._buffer = self._buffer.split(b"\n", 1)
-        code, message = json.loads(line)
-        return int(code), str(message)
-
-    def kill(self) -> None:
-        """Kill the helper, without waiting: a helper whose request is on our own mount dies only
-        once our trio thread (this one) has answered it. It is reaped later (`subprocess`'s own
-        clean-up at the next spawn, or at exit)."""
-        with contextlib.suppress(ProcessLookupError):
-            self._process.kill()
-        self._send.close()
-        self._receive.close()
-        self._process.poll()
 
 
 def _files(directory: Node, prefix: str = "") -> Iterator[tuple[str, FileProjection]]:

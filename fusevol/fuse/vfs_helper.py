@@ -10,29 +10,24 @@ the helper's request fails, and the helper, which asked for SIGKILL at its paren
 (PR_SET_PDEATHSIG), is gone too. `fusevol.fuse.ops` accepts structural operations only from these
 helpers' pids (`Publisher.is_publisher`), as strictly as it accepted only the agent's own threads.
 
-Protocol, one JSON line each way: `[op, args...]` -> `[errno, message]` (errno 0: done). Paths are
-`os.fsdecode`d strings. The helper ignores SIGINT and SIGTERM (a Ctrl-C on the terminal reaches
-the whole process group; the agent still needs its helper to tear volumes down) and ends at EOF on
-stdin or at its parent's death. It imports nothing of fusevol's runtime (no pyfuse3, no trio).
+Protocol, one JSON line each way (`fusevol.helper`): `[op, args...]` -> `[errno, message]` (errno
+0: done). Paths are `os.fsdecode`d strings.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import json
 import os
-import signal
-import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
+
+from fusevol import helper
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 DATA = "..data"
 DATA_TMP = "..data_tmp"
-_PR_SET_PDEATHSIG = 1
 
 
 def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None:
@@ -74,26 +69,15 @@ OPERATIONS: dict[str, Callable[..., None]] = {
 }
 
 
-def serve(parent: int) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent:  # the parent died before prctl took effect
-        return 1
-    for line in sys.stdin:
-        op, *args = json.loads(line)
-        try:
-            OPERATIONS[op](*args)
-            answer: list[object] = [0, ""]
-        except OSError as exc:
-            answer = [exc.errno or errno.EIO, exc.strerror or str(exc)]
-        try:
-            sys.stdout.write(json.dumps(answer) + "\n")
-            sys.stdout.flush()
-        except BrokenPipeError:  # the agent is gone
-            os._exit(0)
-    return 0
+def answer(request: object) -> list[object]:
+    """`[op, args...]` -> `[0, ""]`, or `[errno, message]` if the operation failed."""
+    op, *args = cast("list[Any]", request)
+    try:
+        OPERATIONS[op](*args)
+    except OSError as exc:
+        return [exc.errno or errno.EIO, exc.strerror or str(exc)]
+    return [0, ""]
 
 
 if __name__ == "__main__":
-    sys.exit(serve(int(sys.argv[1])))
+    helper.main(answer)

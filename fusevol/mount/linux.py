@@ -14,19 +14,20 @@ lazily instead.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import errno
 import functools
 import logging
 import os
 from typing import TYPE_CHECKING
 
+import outcome
 import trio
 
 from fusevol.errors import MountError
-from fusevol.fsutil import mkdir_all
+from fusevol.helper_process import HelperProcess
+from fusevol.mount import syscalls
 from fusevol.mount.batch import Batches
+from fusevol.mount.syscalls import MNT_DETACH, MNT_FORCE
 from fusevol.mount.table import MountTable
 
 if TYPE_CHECKING:
@@ -46,25 +47,6 @@ _NO_HELPER_FSTYPES = frozenset({None, "tmpfs"})
 """Mounts done by the kernel alone (bind, tmpfs): no helper process to keep alive."""
 
 
-_MS_RDONLY = 0x1
-_MS_NOSUID = 0x2
-_MS_NODEV = 0x4
-_MS_NOEXEC = 0x8
-_MS_REMOUNT = 0x20
-_MS_BIND = 0x1000
-_MS_SHARED = 1 << 20
-_MNT_FORCE = 0x1
-_MNT_DETACH = 0x2
-_KEPT_FLAGS = (  # statvfs f_flag bit (ST_*) -> the mount flag a read-only remount must keep
-    (os.ST_NOSUID, _MS_NOSUID),
-    (os.ST_NODEV, _MS_NODEV),
-    (os.ST_NOEXEC, _MS_NOEXEC),
-)
-_OPTION_FLAGS = {"nosuid": _MS_NOSUID, "nodev": _MS_NODEV, "noexec": _MS_NOEXEC}
-"""The same flags as mountinfo's per-mount options name them."""
-_libc = ctypes.CDLL(None, use_errno=True)
-
-
 class LinuxMountBackend:
     def __init__(
         self,
@@ -77,8 +59,10 @@ class LinuxMountBackend:
         whether systemd is the init system."""
         self._command_timeout_s = command_timeout_s
         self._systemd_run = _systemd_is_init() if systemd_run is None else systemd_run
-        self._batches = Batches()
-        """Binds of fusevol's own file systems and their unmounts, with their targets."""
+        self._helper = _MountHelper()
+        self._batches: Batches[list[object]] = Batches(self._helper.run)
+        """Binds of fusevol's own file systems and their unmounts, with their targets: in the
+        mount helper process (`fusevol.mount.mount_helper` says why)."""
         self._own_devices: set[str] = set()
         """The devices of fusevol's own file systems (the sources of stacked binds): they answer
         while the agent runs, so their binds are unmounted without a stat, in batches."""
@@ -140,21 +124,21 @@ class LinuxMountBackend:
         source_path, target_path = _absolute(source), _absolute(target)
         if self.is_mount_point(target):
             make_target = None
-        bind = functools.partial(
-            _bind,
+        holder = self.table.holder(source_path)
+        args = (
             source_path,
             target_path,
             read_only,
             stack,
             make_target,
-            self.table.holder(source_path),
+            None if holder is None else (holder.device, list(holder.options)),
         )
         try:
             if stack:  # binds of fusevol's own file systems, which answer: in batches
-                device = await self._batches.run_sync(bind)
+                device = str(await self._batches.call(["bind", *args]))
                 self._own_devices.add(device)
             else:
-                device = await trio.to_thread.run_sync(bind)
+                device = await trio.to_thread.run_sync(functools.partial(syscalls.bind, *args))
         except OSError as exc:
             raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
         self.table.bound(source_path, target_path, read_only=read_only, device=device)
@@ -169,7 +153,7 @@ class LinuxMountBackend:
             if force:
                 # MNT_FORCE calls the file system's umount_begin (FUSE: abort the connection)
                 # before MNT_DETACH: no stat, which would hang on a stuck server.
-                await self._umount(target, _MNT_FORCE | _MNT_DETACH)
+                await self._umount(target, MNT_FORCE | MNT_DETACH)
                 continue
             top = self.table.top(path)
             if top is not None and top.device in self._own_devices:
@@ -178,7 +162,7 @@ class LinuxMountBackend:
                 # refused) takes the path below.
                 last = remove_target and self.table.depth(path) == 1
                 try:
-                    await self._batches.run_sync(functools.partial(_unmount_own, path, last))
+                    await self._batches.call(["unmount_own", path, last])
                 except OSError:
                     pass
                 else:
@@ -189,11 +173,20 @@ class LinuxMountBackend:
                     continue
             # stat() may reach a FUSE server, possibly our own: never on the trio thread.
             corrupted = await trio.to_thread.run_sync(_is_corrupted, target, abandon_on_cancel=True)
-            await self._umount(target, _MNT_DETACH if corrupted else 0)
+            await self._umount(target, MNT_DETACH if corrupted else 0)
         else:
             raise MountError(f"{target}: still a mount point after {_MAX_STACK} unmounts")
         if remove_target:
-            await self._batches.run_sync(functools.partial(_remove_dir, path))
+            await self._batches.call(["remove_dir", path])
+
+    def close(self) -> None:
+        """Stop the mount helper, if it runs (it also ends with the agent)."""
+        self._helper.close()
+
+    def start_helper(self) -> None:
+        """Start the mount helper now rather than at the first bind (a Python start costs as
+        much as a hundred binds). From the trio thread, which it lives as long as."""
+        self._helper.start()
 
     def mount_points(self) -> tuple[MountPoint, ...]:
         """Read from the kernel (the whole table is asked for at start and stop only)."""
@@ -219,7 +212,9 @@ class LinuxMountBackend:
         log.debug("umount2 target=%s flags=%#x", target, flags)
         try:
             with trio.fail_after(self._command_timeout_s):
-                await trio.to_thread.run_sync(_umount2, str(target), flags, abandon_on_cancel=True)
+                await trio.to_thread.run_sync(
+                    syscalls.umount2, str(target), flags, abandon_on_cancel=True
+                )
         except trio.TooSlowError:
             raise MountError(
                 f"umount {target}: timed out after {self._command_timeout_s:g}s"
@@ -229,7 +224,7 @@ class LinuxMountBackend:
                 self.table.load()
                 return
             raise MountError(f"umount {target}: {exc.strerror}") from exc
-        self.table.unmounted(_absolute(target), detached=bool(flags & _MNT_DETACH))
+        self.table.unmounted(_absolute(target), detached=bool(flags & MNT_DETACH))
 
     async def _run(self, argv: list[str], *, shown: list[str] | None = None) -> None:
         printable = " ".join(shown or argv)
@@ -248,66 +243,35 @@ class LinuxMountBackend:
             raise MountError(f"{printable}: exit status {result.returncode}: {output}")
 
 
-def _mount2(source: str | None, target: str, flags: int) -> None:
-    """mount(2) with no file system type and no data: binds and their remounts."""
-    encoded = None if source is None else os.fsencode(source)
-    if _libc.mount(encoded, os.fsencode(target), None, ctypes.c_ulong(flags), None) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), target)
+class _MountHelper:
+    """The runner of the backend's batches: the mount helper process, started at the first
+    batch, and again after one that failed."""
 
+    def __init__(self) -> None:
+        self._process: HelperProcess | None = None
 
-def _umount2(target: str, flags: int) -> None:
-    if _libc.umount2(os.fsencode(target), flags) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code), target)
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+            self._process = None
 
+    def start(self) -> HelperProcess:
+        if self._process is None:
+            self._process = HelperProcess("fusevol.mount.mount_helper")
+        return self._process
 
-def _bind(
-    source: str,
-    target: str,
-    read_only: bool,
-    shared: bool,
-    make_target: int | None,
-    holder: MountPoint | None,
-) -> str:
-    """0. stat `source` for its device, and create `target` with mode `make_target` if given;
-    1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
-    nosuid/nodev/noexec (a bind remount sets exactly the flags given): those of `holder`, the
-    mount the table says `source` is on, if its device is the one the stat found, else a statvfs
-    of the new bind (a request to a FUSE server: one per bind of a pod with 100 volumes);
-    3. if `shared`, make it a shared mount. A failure after step 1 detaches the layer just added,
-    and only it. Returns the source's device, `major:minor` as mountinfo shows it."""
-    st_dev = os.stat(source).st_dev
-    device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
-    if make_target is not None:
-        mkdir_all(target, make_target)
-    _mount2(source, target, _MS_BIND)
-    try:
-        if read_only:
-            if holder is not None and holder.device == device:
-                kept = {_OPTION_FLAGS[o] for o in holder.options if o in _OPTION_FLAGS}
-            else:
-                f_flag = os.statvfs(target).f_flag
-                kept = {mount for st, mount in _KEPT_FLAGS if f_flag & st}
-            _mount2(None, target, _MS_REMOUNT | _MS_BIND | _MS_RDONLY | sum(kept))
-        if shared:
-            _mount2(None, target, _MS_SHARED)
-    except OSError:
-        _umount2(target, _MNT_DETACH)
-        raise
-    return device
-
-
-def _unmount_own(target: str, remove: bool) -> None:
-    """umount2 the top mount at `target`; if `remove`, then rmdir the directory below."""
-    _umount2(target, 0)
-    if remove:
-        _remove_dir(target)
-
-
-def _remove_dir(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.rmdir(path)
+    async def run(self, requests: Sequence[list[object]]) -> list[outcome.Outcome[object]]:
+        process = self.start()
+        try:
+            answers = await process.call(list(requests))
+        except BaseException:
+            process.kill()
+            self._process = None
+            raise
+        return [
+            outcome.Value(result) if code == 0 else outcome.Error(OSError(code, result))
+            for code, result in answers  # type: ignore[attr-defined]
+        ]
 
 
 def _absolute(path: Path) -> str:

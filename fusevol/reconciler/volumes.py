@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from fusevol import layout
 from fusevol.cache.actual import MountedVolume
 from fusevol.errors import VolumeSetupError
-from fusevol.mount.batch import Batches
+from fusevol.mount.batch import Batches, in_thread
 from fusevol.mount.plugins import MountPlugins
 from fusevol.reconciler.reconstruct import remove_pod_dir
 from fusevol.reconciler.served import ServedVolumes
@@ -49,7 +49,7 @@ class Volumes:
         git_timeout_s: float = 300.0,
     ) -> None:
         self._root = root
-        self._pod_dirs = Batches()
+        self._pod_dirs: Batches[Callable[[], object]] = Batches(in_thread)
         self.served = ServedVolumes(
             root=root,
             store=store,
@@ -137,7 +137,7 @@ class Volumes:
         """Remove the pod's directory once none of its volumes is left on the node (directories
         on the node's disk, with nothing mounted below: in batches, as 2000 pods go at once)."""
         pod_dir = layout.pod_dir(self._root, uid)
-        await self._pod_dirs.run_sync(functools.partial(remove_pod_dir, pod_dir))
+        await self._pod_dirs.call(functools.partial(remove_pod_dir, pod_dir))
 
 
 def _require_plugin(volume: VolumeToServe) -> Plugin:

@@ -56,6 +56,12 @@ def test_the_table_agrees_with_mountinfo_after_binds_stacks_and_unmounts(base: P
     backend = LinuxMountBackend(command_timeout_s=10, systemd_run=False)
 
     async def main() -> None:
+        try:
+            await check()
+        finally:
+            backend.close()
+
+    async def check() -> None:
         assert not backend.is_mount_point(targets[0])  # the first question reads the table
         loads = backend.table.loads
         subprocess.run(["mount", "-t", "tmpfs", "tmpfs", str(holder)], check=True)

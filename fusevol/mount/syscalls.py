@@ -1,0 +1,91 @@
+"""The mount system calls of the mount backend, with no trio: run in a worker thread of the agent
+(`fusevol.mount.linux`) or in its mount helper process (`fusevol.mount.mount_helper`)."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+
+from fusevol.fsutil import mkdir_all
+
+MS_RDONLY = 0x1
+MS_NOSUID = 0x2
+MS_NODEV = 0x4
+MS_NOEXEC = 0x8
+MS_REMOUNT = 0x20
+MS_BIND = 0x1000
+MS_SHARED = 1 << 20
+MNT_FORCE = 0x1
+MNT_DETACH = 0x2
+_KEPT_FLAGS = (  # statvfs f_flag bit (ST_*) -> the mount flag a read-only remount must keep
+    (os.ST_NOSUID, MS_NOSUID),
+    (os.ST_NODEV, MS_NODEV),
+    (os.ST_NOEXEC, MS_NOEXEC),
+)
+_OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
+"""The same flags as mountinfo's per-mount options name them."""
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def mount2(source: str | None, target: str, flags: int) -> None:
+    """mount(2) with no file system type and no data: binds and their remounts."""
+    encoded = None if source is None else os.fsencode(source)
+    if _libc.mount(encoded, os.fsencode(target), None, ctypes.c_ulong(flags), None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def umount2(target: str, flags: int) -> None:
+    if _libc.umount2(os.fsencode(target), flags) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code), target)
+
+
+def bind(
+    source: str,
+    target: str,
+    read_only: bool,
+    shared: bool,
+    make_target: int | None,
+    holder: tuple[str, list[str]] | None,
+) -> str:
+    """0. stat `source` for its device, and create `target` with mode `make_target` if given;
+    1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
+    nosuid/nodev/noexec (a bind remount sets exactly the flags given): those of `holder`, the
+    (device, options) of the mount the table says `source` is on, if its device is the one the
+    stat found, else a statvfs of the new bind (a request to a FUSE server: one per bind of a
+    pod with 100 volumes); 3. if `shared`, make it a shared mount. A failure after step 1
+    detaches the layer just added, and only it. Returns the source's device, `major:minor` as
+    mountinfo shows it."""
+    st_dev = os.stat(source).st_dev
+    device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
+    if make_target is not None:
+        mkdir_all(target, make_target)
+    mount2(source, target, MS_BIND)
+    try:
+        if read_only:
+            if holder is not None and holder[0] == device:
+                kept = {_OPTION_FLAGS[o] for o in holder[1] if o in _OPTION_FLAGS}
+            else:
+                f_flag = os.statvfs(target).f_flag
+                kept = {mount for st, mount in _KEPT_FLAGS if f_flag & st}
+            mount2(None, target, MS_REMOUNT | MS_BIND | MS_RDONLY | sum(kept))
+        if shared:
+            mount2(None, target, MS_SHARED)
+    except OSError:
+        umount2(target, MNT_DETACH)
+        raise
+    return device
+
+
+def unmount_own(target: str, remove: bool) -> None:
+    """umount2 the top mount at `target`; if `remove`, then rmdir the directory below."""
+    umount2(target, 0)
+    if remove:
+        remove_dir(target)
+
+
+def remove_dir(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        os.rmdir(path)
