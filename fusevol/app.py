@@ -44,6 +44,7 @@ from fusevol.cache.actual import ActualState
 from fusevol.cache.desired import DesiredState
 from fusevol.cache.seen import FirstSeen
 from fusevol.cache.store import ObjectStore
+from fusevol.collector import collect_when_quiet
 from fusevol.fuse import follow_process, snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
@@ -254,6 +255,7 @@ class Agent:
                             if self.settings.http.port >= 0:
                                 await nursery.start(self.http.run)
                             nursery.start_soon(sdnotify.watchdog)
+                            nursery.start_soon(collect_when_quiet, self.store)
                             await nursery.start(self.source.run)  # (5)
                             await nursery.start(self.reconciler.run)  # (6)
                             if self.csi is not None:  # CSI node plugin: after the reconciler

@@ -1,0 +1,55 @@
+"""`fusevol.collector`: full garbage collections wait for a moment the object store is quiet."""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+import trio
+import trio.testing
+
+from fusevol.cache.store import ObjectStore
+from fusevol.collector import collect_when_quiet
+from fusevol.decode.manifest import parse_manifest
+
+if TYPE_CHECKING:
+    import pytest
+
+
+def _edit(store: ObjectStore, value: int) -> None:
+    metadata = f'{{name: busy, resourceVersion: "{value}"}}'
+    text = f'kind: ConfigMap\nmetadata: {metadata}\ndata: {{v: "{value}"}}\n'
+    [obj] = parse_manifest(text.encode(), origin="cm.yaml")
+    store.upsert(obj)
+
+
+def test_full_collections_wait_for_quiet_and_are_not_automatic(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    collections: list[float] = []
+
+    def collect(*_: object) -> int:
+        collections.append(trio.current_time())
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    thresholds = gc.get_threshold()
+
+    async def main() -> None:
+        store = ObjectStore()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(collect_when_quiet, store)
+            await trio.sleep(0)
+            assert gc.get_threshold()[2] > 1_000_000  # CPython never starts one by itself
+            # Edits every 0.2 s from 9 s to 15 s: the collection due at 10 s waits for the end.
+            await trio.sleep(9.0)
+            for i in range(30):
+                _edit(store, i)
+                await trio.sleep(0.2)
+            await trio.sleep(1.0)
+            assert len(collections) == 1
+            assert 15.0 <= collections[0] <= 15.6
+            nursery.cancel_scope.cancel()
+        assert gc.get_threshold() == thresholds  # given back
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
