@@ -39,7 +39,7 @@ def test_full_collections_wait_for_quiet_and_are_not_automatic(
         store = ObjectStore()
         async with trio.open_nursery() as nursery:
             nursery.start_soon(collect_when_quiet, store)
-            await trio.sleep(0)
+            await trio.testing.wait_all_tasks_blocked()
             assert gc.get_threshold()[2] > 1_000_000  # CPython never starts one by itself
             # Edits every 0.2 s from 9 s to 15 s: the collection due at 10 s waits for the end.
             await trio.sleep(9.0)
