@@ -2,9 +2,12 @@
 and a mount table (`table.MountTable`) read from /proc/self/mountinfo once, then kept by the
 backend's own operations.
 
-Bind mounts (thousands per node: one per served pod volume) and unmounts are syscalls made from
-a worker thread (ctypes), not a mount(8) exec each: a path near a mount may reach a FUSE server,
-our own included, so never on the trio thread. Mounts that need a helper (nfs, ...) run mount(8).
+Bind mounts (thousands per node: one per served pod volume) and unmounts are system calls
+(`syscalls`, ctypes), not a mount(8) exec each, and never on the trio thread: a path near a mount
+may reach a FUSE server, our own included. Binds of fusevol's own file systems (stacked binds)
+and their unmounts are made in batches by the mount helper process (`mount_helper` says why);
+other binds and unmounts in a worker thread each. Mounts that need a helper program (nfs, ...)
+run mount(8).
 Commands run through trio with a timeout, so a hung mount helper (kubelet's hung-NFS problem)
 fails its own operation and blocks nothing else. Their argv is logged with sensitive options
 masked. A mount point whose server is gone answers ENOTCONN, ESTALE, EIO or EACCES to stat
