@@ -257,35 +257,19 @@ class Tree:
         node = self._staged.pop((parent.inode, name), None)
         if node is None:
             raise OSError(errno.EROFS, "only staged directories can be created")
-        if name in parent.children:  # type: ignore[operator]
-            raise OSError(errno.EEXIST, "exists")
-        self._attach(parent, name, node)
-        node.nlookup += 1
-        if self.observer is not None:
-            self.observer.attached(parent, name, node)
-        return node
+        return self._add(parent, name, node, lookups=1)
 
     def add(self, parent: Node, name: bytes, node: Node) -> None:
         """Attach the new subtree `node` at `parent/name` without a VFS operation: the kernel holds
         no entry for a name that does not exist, not even a negative one (docs/fuse.md fact 14),
         so its next lookup of `name` finds `node`. No lookup is counted: the kernel knows
         nothing of it yet."""
-        if name in parent.children:  # type: ignore[operator]
-            raise OSError(errno.EEXIST, "exists")
-        self._attach(parent, name, node)
-        if self.observer is not None:
-            self.observer.attached(parent, name, node)
+        self._add(parent, name, node, lookups=0)
 
     def symlink(self, parent_inode: int, name: bytes, target: bytes) -> Node:
         parent = self._directory(parent_inode)
-        if name in parent.children:  # type: ignore[operator]
-            raise OSError(errno.EEXIST, "exists")
         node = self.new_symlink(target, gid=symlink_gid(parent))
-        self._attach(parent, name, node)
-        node.nlookup += 1
-        if self.observer is not None:
-            self.observer.attached(parent, name, node)
-        return node
+        return self._add(parent, name, node, lookups=1)
 
     def adopt(self, parent: Node, name: bytes, node: Node) -> None:
         """Attach `node` (its lookup count as recorded) at `parent/name`: a recorded mkdir or
@@ -350,6 +334,17 @@ class Tree:
         self._touch(parent)
         if self.observer is not None:
             self.observer.removed(parent, name)
+
+    def _add(self, parent: Node, name: bytes, node: Node, *, lookups: int) -> Node:
+        """Attach a new `node` at `parent/name`, with the kernel's `lookups` on it (1 for the
+        reply to a mkdir or symlink), and tell the observer."""
+        if name in parent.children:  # type: ignore[operator]
+            raise OSError(errno.EEXIST, "exists")
+        self._attach(parent, name, node)
+        node.nlookup += lookups
+        if self.observer is not None:
+            self.observer.attached(parent, name, node)
+        return node
 
     def _attach(self, parent: Node, name: bytes, node: Node) -> None:
         _link(parent, name, node)
