@@ -51,29 +51,19 @@ class Batches(Generic[_T]):
         self._queued.append(call)
         try:
             await trio.lowlevel.checkpoint()  # the calls of this scheduling round join it
-        except BaseException:
-            if not call.started:
-                self._queued.remove(call)
-            raise
-        while call.result is None:
-            if self._running:
-                await self._wait(call)
-            else:
-                await self._run_batch()
-        return call.result.unwrap()
-
-    async def _wait(self, call: _Call[_T]) -> None:
-        done = self._batch_done
-        if call.started:  # shielded: its effect must reach the caller
-            with trio.CancelScope(shield=True):
-                await done.wait()
-            return
-        try:
-            await done.wait()
+            while call.result is None:
+                if not self._running:
+                    await self._run_batch()
+                elif call.started:  # shielded: its effect must reach the caller
+                    with trio.CancelScope(shield=True):
+                        await self._batch_done.wait()
+                else:
+                    await self._batch_done.wait()
         except BaseException:
             if not call.started:  # never run: as if never asked
                 self._queued.remove(call)
             raise
+        return call.result.unwrap()
 
     async def _run_batch(self) -> None:
         batch, self._queued = self._queued, []
