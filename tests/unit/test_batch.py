@@ -80,7 +80,7 @@ def test_a_cancelled_call_is_dropped_if_queued_and_answered_if_started() -> None
             scopes["b"].cancel()  # started: it still gets its answer
             scopes["c"].cancel()  # queued: dropped
             release.set()
-        assert ran == [["a", "b"], ["d"]]
+        assert [sorted(batch) for batch in ran] == [["a", "b"], ["d"]]  # trio picks who is first
         assert sorted(got) == ["a", "b", "d"]  # type: ignore[type-var]
 
     trio.run(main)
