@@ -180,13 +180,12 @@ class Publisher:
         (11) unlink the top-level names of (3);
         (12) remove the old version, after the grace period.
         """
-        if self._tree.child(self._tree.root, volume) is None:
+        volume_dir = self._tree.child(self._tree.root, volume)
+        if volume_dir is None:
             assert new is not None, f"volume {volume!r} does not exist"
             self._create(volume, payload, gid, dir_mode, new)
             return True
         root = self.path(volume)
-        volume_dir = self._tree.child(self._tree.root, volume)
-        assert volume_dir is not None
         old = self._versions[volume]
         new_names = _top_level(payload)
         missing = {n for n in new_names if self._tree.child(volume_dir, n) is None}
