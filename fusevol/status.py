@@ -31,7 +31,7 @@ from fusevol.mount.linux import LinuxMountBackend
 from fusevol.subpath import container_mounts
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Generator
 
     from fusevol.cache.actual import ActualState
     from fusevol.cache.desired import DesiredState, VolumeToServe
@@ -79,30 +79,54 @@ class StatusReporter:
         while True:
             await self._dirty.wait()
             self._dirty = trio.Event()
-            # Built on the trio thread (it reads the states), in steps that let the FUSE
-            # requests and the reconciler run in between: with thousands of volumes a snapshot
-            # takes tens of milliseconds, which an update must not wait for.
-            build = self._build()
+            # Built and encoded on the trio thread (it reads the states), in steps of `_STEP`
+            # pods with a pause after each. The snapshot is the agent's least urgent work: with
+            # thousands of volumes it costs tens of milliseconds, which an update must not wait
+            # for. Encoding it whole in a worker thread held the GIL for all of that time (json's
+            # encoder never lets go), and steps without a pause never let the trio thread sleep,
+            # which is when a worker thread (the manifest parser) gets the GIL.
+            steps = self._encoded()
             spent = 0.0
             while True:
-                step = trio.current_time()
-                snapshot = next(build, None)
-                spent += trio.current_time() - step
-                if snapshot is not None:
+                started = trio.current_time()
+                try:
+                    next(steps)
+                except StopIteration as done:
+                    encoded: bytes = done.value
                     break
-                await trio.lowlevel.checkpoint()
-            await trio.to_thread.run_sync(_write, self._path, snapshot)
+                finally:
+                    spent += trio.current_time() - started
+                await trio.sleep(_PAUSE_S)
+            await trio.to_thread.run_sync(replace_file, self._path, encoded)
             # ... and written less often when it is costly: at most a tenth of the trio thread.
             await trio.sleep(max(self._min_interval_s, _SPACING * spent))
 
     def snapshot(self) -> dict[str, Any]:
-        for snapshot in self._build():
-            if snapshot is not None:
+        steps = self._build()
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                snapshot: dict[str, Any] = done.value
                 return snapshot
-        raise AssertionError("unreachable: _build ends with the snapshot")
 
-    def _build(self) -> Iterator[dict[str, Any] | None]:
-        """The snapshot, built in steps: None after every `_STEP` entries, then the snapshot."""
+    def _encoded(self) -> Generator[None, None, bytes]:
+        """The snapshot as JSON, in steps: its pods are encoded `_STEP` at a time."""
+        snapshot = yield from self._build()
+        pods = snapshot.pop("pods")
+        parts = [json.dumps(snapshot)[:-1], ', "pods": [']
+        for i in range(0, len(pods), _STEP):
+            if i:
+                yield None
+                parts.append(", ")
+            # Without indent: json's C encoder (with one, its pure Python encoder, ten times
+            # slower).
+            parts.append(json.dumps(pods[i : i + _STEP])[1:-1])
+        parts.append("]}")
+        return "".join(parts).encode()
+
+    def _build(self) -> Generator[None, None, dict[str, Any]]:
+        """The snapshot, built in steps: a step ends after every `_STEP` entries."""
         now = trio.current_time()
         pods: dict[str, dict[str, Any]] = {}
         for i, pod in enumerate(self._desired.pods(), 1):
@@ -158,7 +182,7 @@ class StatusReporter:
             del self._mounts[gone]
         for pod_entry in pods.values():
             pod_entry["volumes"] = list(pod_entry["volumes"].values())
-        yield {
+        return {
             "node": self._node_name,
             "written_at": time.time(),
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
@@ -199,13 +223,9 @@ class StatusReporter:
 
 _SPACING = 10.0
 _STEP = 50
-"""Entries of a snapshot built between two checkpoints (`StatusReporter.run`)."""
-
-
-def _write(path: Path, snapshot: dict[str, Any]) -> None:
-    # Without indent: json's C encoder (with an indent, its pure Python one, ten times slower,
-    # holding the GIL that the trio thread needs).
-    replace_file(path, json.dumps(snapshot).encode())
+"""Entries of a snapshot built, or pods encoded, in one step (`StatusReporter.run`)."""
+_PAUSE_S = 0.001
+"""The trio thread's pause after each step of a snapshot."""
 
 
 TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"
