@@ -53,6 +53,18 @@ def tmpfs(path: Path) -> Iterator[Path]:
         subprocess.run(["umount", str(path)], check=True)
 
 
+def agent_root(tmp: Path) -> contextlib.AbstractContextManager[Path]:
+    """The agent's root for a benchmark that times pod set-up: a fresh tmpfs at `tmp/root`.
+
+    What is timed is fusevol's work, not the node's disk. This machine's disk is an ext4 without
+    a journal, whose inode allocator checks that each candidate inode was not deleted recently
+    (`recently_deleted`, only without a journal) by a look-up in the buffer cache: after a few
+    runs that made and removed thousands of pod directories, each mkdir scanned so much that
+    set-up of 2000 pods took 2-3 times longer (perf: half of the busy time in
+    `find_inode_bit`), and its figures drifted from run to run."""
+    return tmpfs(tmp / "root")
+
+
 def agent_pid(agent: AgentProcess) -> int:
     """The agent proper: the launcher's (`agent.process`) child, the process that serves FUSE.
     AssertionError if it is not the launcher's child (so a figure never describes the launcher)."""

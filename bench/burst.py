@@ -25,7 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS
+from bench import AGENT_ARGS, agent_root
 from tests.agent import running_agent, wait_for, write_atomically
 
 SIZE = 64 * 1024
@@ -66,11 +66,11 @@ class Result:
 
 
 def measure(n: int, edits: int = 10) -> Result:
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, agent_root(Path(tmp)) as root:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(configmap("v0"))
-        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
+        with running_agent(manifests, root, *AGENT_ARGS) as agent:
             keys = [agent.volume(uid(i), "configmap", "config") / "v" for i in range(n)]
             started = time.perf_counter()
             (manifests / "pods.yaml").write_text(pods(n))

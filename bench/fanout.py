@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS, agent_pid, rss_mib, tmpfs
+from bench import AGENT_ARGS, agent_pid, agent_root, rss_mib, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
@@ -56,11 +56,11 @@ def switched(volume: Path, old: Path) -> Callable[[], bool]:
 
 def fusevol(n: int) -> tuple[float, float, float, float]:
     """(set-up s, RSS MiB before pods, RSS MiB with N pods, update s)."""
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, agent_root(Path(tmp)) as root:
         manifests = Path(tmp) / "manifests"
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(configmap("a"))
-        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS) as agent:
+        with running_agent(manifests, root, *AGENT_ARGS) as agent:
             pid = agent_pid(agent)
             base_rss = rss_mib(pid)
             volumes = [

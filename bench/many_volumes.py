@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS, tmpfs
+from bench import AGENT_ARGS, agent_root, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
@@ -54,11 +54,11 @@ def manifests(n: int) -> tuple[str, str]:
 
 def measure(n: int = 100) -> Result:
     configmaps, pod = manifests(n)
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, agent_root(Path(tmp)) as root:
         directory = Path(tmp) / "manifests"
         directory.mkdir()
         (directory / "configmaps.yaml").write_text(configmaps)
-        with running_agent(directory, Path(tmp) / "root", *AGENT_ARGS) as agent:
+        with running_agent(directory, root, *AGENT_ARGS) as agent:
             keys = [agent.volume(UID, "configmap", f"v{i}") / "key" for i in range(n)]
             started = time.perf_counter()
             (directory / "pod.yaml").write_text(pod)
