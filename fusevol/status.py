@@ -1,8 +1,9 @@
 """What the agent is doing, for `fusevol status`: pods, their volumes, state and last error.
 
 The agent writes a JSON snapshot to `<root>/fusevol/status.json` (atomically, at most every
-`min_interval_s`, from a worker thread) whenever a reconciler pass ran; `fusevol status` reads it,
-so it works without any connection to the agent. The snapshot holds names, versions and error
+`min_interval_s`, from a worker thread) after reconciler passes ran, once they pause for
+`_QUIET_S` (at the latest `_LATEST_S` after the first); `fusevol status` reads it, so it works
+without any connection to the agent. The snapshot holds names, versions and error
 messages, never payload bytes.
 
 A snapshot outlives its agent, so `fusevol status` first finds out whether an agent runs
@@ -78,7 +79,7 @@ class StatusReporter:
         task_status.started()
         while True:
             await self._dirty.wait()
-            self._dirty = trio.Event()
+            await self._quiet()
             # Built and encoded on the trio thread (it reads the states), in steps of `_STEP`
             # pods with a pause after each. The snapshot is the agent's least urgent work: with
             # thousands of volumes it costs tens of milliseconds, which an update must not wait
@@ -92,14 +93,28 @@ class StatusReporter:
                 try:
                     next(steps)
                 except StopIteration as done:
-                    encoded: bytes = done.value
+                    parts: list[bytes] = done.value
                     break
                 finally:
                     spent += trio.current_time() - started
                 await trio.sleep(_PAUSE_S)
-            await trio.to_thread.run_sync(replace_file, self._path, encoded)
+            await trio.to_thread.run_sync(_write, self._path, parts)
+            del parts  # a megabyte with thousands of pods, held until the next snapshot else
             # ... and written less often when it is costly: at most a tenth of the trio thread.
             await trio.sleep(max(self._min_interval_s, _SPACING * spent))
+
+    async def _quiet(self) -> None:
+        """Return once no change came for `_QUIET_S`, or `_LATEST_S` after the first one. The
+        snapshot is not made while the reconciler is busy (pods being set up, a burst of edits):
+        it would take the trio thread from that work, and its garbage, mixed with the objects
+        that work keeps, would leave the heap fragmented."""
+        latest = trio.current_time() + _LATEST_S
+        while True:
+            self._dirty = trio.Event()
+            with trio.move_on_at(min(trio.current_time() + _QUIET_S, latest)):
+                await self._dirty.wait()
+            if not self._dirty.is_set():
+                return
 
     def snapshot(self) -> dict[str, Any]:
         steps = self._build()
@@ -110,20 +125,20 @@ class StatusReporter:
                 snapshot: dict[str, Any] = done.value
                 return snapshot
 
-    def _encoded(self) -> Generator[None, None, bytes]:
-        """The snapshot as JSON, in steps: its pods are encoded `_STEP` at a time."""
+    def _encoded(self) -> Generator[None, None, list[bytes]]:
+        """The snapshot as JSON, in parts, in steps: its pods are encoded `_STEP` at a time."""
         snapshot = yield from self._build()
         pods = snapshot.pop("pods")
-        parts = [json.dumps(snapshot)[:-1], ', "pods": [']
+        parts = [json.dumps(snapshot)[:-1].encode(), b', "pods": [']
         for i in range(0, len(pods), _STEP):
             if i:
                 yield None
-                parts.append(", ")
+                parts.append(b", ")
             # Without indent: json's C encoder (with one, its pure Python encoder, ten times
             # slower).
-            parts.append(json.dumps(pods[i : i + _STEP])[1:-1])
-        parts.append("]}")
-        return "".join(parts).encode()
+            parts.append(json.dumps(pods[i : i + _STEP])[1:-1].encode())
+        parts.append(b"]}")
+        return parts
 
     def _build(self) -> Generator[None, None, dict[str, Any]]:
         """The snapshot, built in steps: a step ends after every `_STEP` entries."""
@@ -226,6 +241,14 @@ _STEP = 50
 """Entries of a snapshot built, or pods encoded, in one step (`StatusReporter.run`)."""
 _PAUSE_S = 0.001
 """The trio thread's pause after each step of a snapshot."""
+_QUIET_S = 0.1
+"""A snapshot waits until the reconciler has been quiet this long ..."""
+_LATEST_S = 1.0
+"""... or this long after the change that made it due."""
+
+
+def _write(path: Path, parts: list[bytes]) -> None:
+    replace_file(path, b"".join(parts))
 
 
 TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"

@@ -97,7 +97,7 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
     [name] = shared
     assert not name.exists()
     (manifests / "again.yaml").write_text(pod(UIDS[0]))
-    agent.wait_state(UIDS[0], "config", "mounted")
+    agent.wait_mounted(volumes[0])  # not the status: a snapshot from before its removal says so
     assert agent.fuse_subtree(volumes[0]) == name
     assert (volumes[0] / "a").read_text() == "2"
     assert (name / "a").read_text() == "2"

@@ -11,6 +11,7 @@ import json
 from typing import TYPE_CHECKING
 
 import trio
+import trio.testing
 
 from fusevol import layout
 from fusevol.cache.actual import ActualState
@@ -21,7 +22,10 @@ from fusevol.reconciler.executor import Executor
 from fusevol.status import _PAUSE_S, _STEP, StatusReporter
 
 if TYPE_CHECKING:
+    from collections.abc import Callable, Generator
     from pathlib import Path
+
+    import pytest
 
 PODS = 120
 
@@ -89,3 +93,45 @@ def test_the_file_is_the_snapshot_encoded_in_steps_with_a_pause_between(tmp_path
     assert len(steps.steps) >= 5
     for (_, ended), (began, _) in itertools.pairwise(steps.steps[:5]):
         assert began - ended >= _PAUSE_S
+
+
+def test_a_snapshot_waits_for_a_quiet_moment_or_a_second(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Passes every 0.05 s (pods being set up, a burst of edits) hold the snapshot back until
+    they pause for 0.1 s, or for a second at most."""
+    status = reporter(tmp_path)
+    made: list[float] = []
+    encoded = StatusReporter._encoded
+
+    def recorded(self: StatusReporter) -> Generator[None, None, list[bytes]]:
+        made.append(trio.current_time())
+        return encoded(self)
+
+    monkeypatch.setattr(StatusReporter, "_encoded", recorded)
+
+    async def on_the_trio_thread(function: Callable[..., object], *args: object) -> object:
+        return function(*args)
+
+    # The file is written right away: the mock clock must not run on while a thread writes.
+    monkeypatch.setattr(trio.to_thread, "run_sync", on_the_trio_thread)
+
+    async def passes(until: float) -> None:
+        while trio.current_time() < until:
+            status.changed()
+            await trio.sleep(0.05)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(status.run)
+            await passes(until=0.8)  # the last at 0.75 (or 0.8): made 0.1 s later
+            await trio.sleep(6.2)
+            assert len(made) == 1
+            assert 0.85 <= made[0] <= 0.95
+            made.clear()
+            await passes(until=8.5)  # from 7.0: due at 7.0, made at 8.0
+            assert len(made) == 1
+            assert 7.95 <= made[0] <= 8.05
+            nursery.cancel_scope.cancel()
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
