@@ -143,16 +143,24 @@ def _load(text: bytes, *, origin: str) -> list[object]:
 
 def _check_depth(source: str, *, origin: str) -> None:
     """Refuse YAML nested deeper than `_MAX_DEPTH`, from libyaml's events (its parser uses a heap
-    stack). Its C composer recurses without limit: a deep file would crash the whole process."""
+    stack). Its C composer recurses without limit: a deep file would crash the whole process.
+    The libyaml of PyYAML 6.0.4 refuses 1000 levels itself, in its scanner, which reads a line of
+    `[[[...` ahead of the events: its error says the same as ours."""
     depth = 0
-    for event in yaml.parse(source, Loader=_StrictLoader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            depth += 1
-            if depth > _MAX_DEPTH:
-                line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
-                raise ManifestError(f"{origin}: {line}invalid YAML: nested too deeply")
-        elif isinstance(event, yaml.CollectionEndEvent):
-            depth -= 1
+    try:
+        for event in yaml.parse(source, Loader=_StrictLoader):
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > _MAX_DEPTH:
+                    line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
+                    raise ManifestError(f"{origin}: {line}invalid YAML: nested too deeply")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    except yaml.MarkedYAMLError as exc:
+        if "maximum nesting depth" not in (exc.problem or ""):
+            raise
+        line = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
+        raise ManifestError(f"{origin}: {line}invalid YAML: nested too deeply") from None
 
 
 def _documents(
