@@ -17,9 +17,10 @@ An update then switches one `..data` for all of them, however many pods there ar
 kernel's caches hold one copy; every other pod's bind sees the switch at the same instant, with
 the same inotify events. The subtree goes with its last user.
 
-Every operation renders the payload first, so bad input (a missing object or key, an invalid path)
-fails before anything on the node changes: a new volume leaves nothing behind, and a served one
-keeps its last good content, as kubelet does.
+Every operation renders the payload before it changes anything, so bad input (a missing object or
+key, an invalid path) fails before anything on the node changes: a new volume leaves nothing
+behind, and a served one keeps its last good content, as kubelet does. (A volume whose shared
+subtree was published from its very inputs has nothing to render: it only binds.)
 """
 
 from __future__ import annotations
@@ -191,10 +192,9 @@ class ServedVolumes:
     async def set_up(self, volume: VolumeToServe) -> Hashable:
         """Serve the volume at its pod volume directory; returns the inputs it was built from."""
         inputs = self.inputs(volume)  # before rendering: a change while we work means a refresh
-        payload = self.render(volume)
         target = self.path(volume)
         try:
-            await self._serve(volume, payload, self._facts_of(volume).subtree, inputs)
+            await self._serve(volume, self._facts_of(volume).subtree, inputs)
             await self._bind(volume, target, make_target=0o750)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -213,7 +213,7 @@ class ServedVolumes:
             # of the subtree it shares. Served from the right one, bound on top of the old bind,
             # which goes with the volume (`tear_down` unmounts the whole stack, then releases
             # the subtrees below: a subtree is never removed while a bind of it remains).
-            await self._serve(volume, payload, name, inputs)
+            await self._serve(volume, name, inputs, lambda: payload)
             await self._bind(volume, self.path(volume))
             self._covered.setdefault(user, []).append(bound)
             return inputs
@@ -236,12 +236,23 @@ class ServedVolumes:
         await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
 
     async def _serve(
-        self, volume: VolumeToServe, payload: Payload, name: bytes, inputs: Hashable
+        self,
+        volume: VolumeToServe,
+        name: bytes,
+        inputs: Hashable,
+        render: Callable[[], Payload] | None = None,
     ) -> None:
-        """Make subtree `name` (created if needed) hold `payload`, with `volume` among its users."""
+        """Make subtree `name` (created if needed) hold the volume's payload (`render()`, by
+        default `self.render(volume)`), with `volume` among its users."""
         user = (volume.pod.uid, volume.spec_name)
         async with self._locks[name]:
-            await self._publish(name, volume, payload, inputs)
+            # A shared subtree published from these very inputs (by another pod's volume, moments
+            # ago when many pods start at once) holds what this volume would: nothing to render
+            # or publish. Rendering only here, with the lock held, also keeps thousands of
+            # volumes waiting for one subtree from each holding a payload meanwhile.
+            if self._published.get(name, _NOTHING) != inputs:
+                payload = self.render(volume) if render is None else render()
+                await self._publish(name, volume, payload, inputs)
             self._users.setdefault(name, set()).add(user)
             self._subtree_of[user] = name
             if name.startswith(SHARED) and name not in self._objects_of:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, cast
 
 import pytest
+import trio
 
 from fusevol.cache.desired import DesiredState, VolumeToServe
 from fusevol.cache.store import ObjectStore
@@ -39,6 +40,8 @@ class RecordingPublisher:
     content: dict[bytes, Payload] = field(default_factory=dict)
     publishes: list[bytes] = field(default_factory=list)
     removed: list[bytes] = field(default_factory=list)
+    calls: int = 0
+    """Every call of `publish`, including those that publish nothing."""
 
     def path(self, volume: bytes) -> Path:
         return MOUNTPOINT / volume.decode()
@@ -47,6 +50,8 @@ class RecordingPublisher:
         self, volume: bytes, payload: Payload, *, new: VolumeDir | None = None, **_: object
     ) -> bool:
         assert volume in self.content or new is not None, f"{volume!r} is new: how to make it?"
+        self.calls += 1
+        await trio.lowlevel.checkpoint()  # the real one awaits its helper process
         if self.content.get(volume) == payload:
             return False
         self.content[volume] = payload
@@ -182,6 +187,34 @@ async def test_users_share_one_subtree_one_publish_per_edit(served: Served) -> N
     # ... and would publish nothing if it ran.
     await served.volumes.refresh(volumes[1])
     assert served.publisher.publishes == [name, name]
+
+
+async def test_pods_starting_together_render_and_publish_their_shared_subtree_once(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """200 pods set up at once (a node's restart): the first renders and publishes; the others,
+    waiting for it, find the subtree published from their very inputs and only bind it."""
+    render = served.volumes.render
+    rendered: list[VolumeToServe] = []
+
+    def counted(volume: VolumeToServe) -> Payload:
+        rendered.append(volume)
+        return render(volume)
+
+    monkeypatch.setattr(served.volumes, "render", counted)
+    volumes = [served.resolve(pod(i, CONFIG)) for i in range(1, 201)]
+    async with trio.open_nursery() as nursery:
+        for volume in volumes:
+            nursery.start_soon(served.volumes.set_up, volume)
+    assert (len(rendered), served.publisher.calls) == (1, 1)
+    assert len({served.bound_source(v) for v in volumes}) == 1
+
+    served.edit("2")  # a pod set up now, before any refresh, renders and publishes the edit
+    late = served.resolve(pod(201, CONFIG))
+    await served.volumes.set_up(late)
+    assert (len(rendered), served.publisher.calls) == (2, 2)
+    [payload] = served.publisher.content.values()
+    assert payload["a"].data == b"2"
 
 
 async def test_the_subtree_goes_with_its_last_user(served: Served) -> None:
