@@ -10,11 +10,17 @@ inputs change (the missing ConfigMap appears, the pod is edited), the next attem
 instead of waiting out a backoff earned by different data.
 
 Operations run as tasks of the executor's own nursery, so a hung one (a mount helper that never
-returns) blocks only its own volume.
+returns) blocks only its own volume. Those of volumes served from memory (`served`) run at most
+`SERVED_AT_ONCE` at a time, the others queued as a tuple each, not a task: they never wait on a
+server or a disk of someone else's (only on the object store, the agent's own FUSE mount and
+mount(2) of its subtrees), so a bound cannot leave them stuck behind a hung one; and 2000 pods
+starting together were 2000 tasks alive at once, a few KiB each, whose garbage left the heap
+fragmented long after they were gone (issue 18).
 """
 
 from __future__ import annotations
 
+import collections
 import logging
 import math
 from dataclasses import dataclass, field
@@ -28,6 +34,11 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable
 
     from fusevol.model import UniqueVolumeName
+
+    _Queued = tuple[
+        UniqueVolumeName, "VolumeOperationStatus", Callable[[], Awaitable[None]], Hashable
+    ]
+    """A served volume's operation waiting for its turn: `Executor._run`'s arguments."""
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +61,10 @@ class VolumeOperationStatus:
     failed_inputs: Hashable = field(default=None, repr=False)
     subject: str = field(default="", repr=False)
     """What the operation is for, in its error lines: `pod=ns/name file=...` (`Executor.start`)."""
+
+
+SERVED_AT_ONCE = 64
+"""Operations of served volumes running at once (module docstring); beyond this many, they queue."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +94,8 @@ class Executor:
         self._nursery: trio.Nursery | None = None
         self._started = 0
         self._failed = 0
+        self._served_running = 0
+        self._served_queue: collections.deque[_Queued] = collections.deque()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the operations until cancelled (which cancels those in flight)."""
@@ -89,6 +106,9 @@ class Executor:
                 await trio.sleep_forever()
             finally:  # cancelled (a stop): the nursery takes no new operation from here on
                 self._nursery = None
+                for _, status, *_ in self._served_queue:
+                    status.pending = False
+                self._served_queue.clear()
 
     def start(
         self,
@@ -98,10 +118,13 @@ class Executor:
         *,
         inputs: Hashable = None,
         subject: str = "",
+        served: bool = False,
     ) -> None:
         """Start `run` for volume `name`, or raise AlreadyPending / InBackoff / ExecutorStopped.
 
-        `subject` ends the failure's log line: the pod and where it came from."""
+        `subject` ends the failure's log line: the pod and where it came from. `served`: the
+        operation is a served volume's, and may queue (module docstring); it is pending from now
+        on all the same."""
         if self._nursery is None:  # a reconcile pass that ran on during a stop
             raise ExecutorStopped(f"not starting {operation} of {name}: the executor is stopped")
         status = self._status.setdefault(name, VolumeOperationStatus())
@@ -118,7 +141,13 @@ class Executor:
         status.operation = operation
         status.subject = subject
         self._started += 1
-        self._nursery.start_soon(self._run, name, status, run, inputs)
+        if not served:
+            self._nursery.start_soon(self._run, name, status, run, inputs, False)
+        elif self._served_running < SERVED_AT_ONCE:
+            self._served_running += 1
+            self._nursery.start_soon(self._run, name, status, run, inputs, True)
+        else:
+            self._served_queue.append((name, status, run, inputs))
 
     def status(self, name: UniqueVolumeName) -> VolumeOperationStatus | None:
         return self._status.get(name)
@@ -163,6 +192,7 @@ class Executor:
         status: VolumeOperationStatus,
         run: Callable[[], Awaitable[None]],
         inputs: Hashable,
+        served: bool,
     ) -> None:
         started = trio.current_time()
         try:
@@ -184,6 +214,12 @@ class Executor:
             self._finished += 1
             self._finished_event.set()
             self._finished_event = trio.Event()
+            if served:
+                self._served_running -= 1
+                stopping = trio.current_effective_deadline() == -math.inf  # cancelled
+                if self._served_queue and self._nursery is not None and not stopping:
+                    self._served_running += 1
+                    self._nursery.start_soon(self._run, *self._served_queue.popleft(), True)
 
     def _record_failure(
         self,

@@ -164,7 +164,8 @@ class Reconciler:
     def unmount_orphans(self) -> None:
         for mounted in self._actual.mounted_volumes():
             if mounted.name not in self._desired:
-                self._start(mounted.name, "unmount", functools.partial(self._unmount, mounted))
+                unmount = functools.partial(self._unmount, mounted)
+                self._start(mounted.name, "unmount", unmount, served=_served(mounted.plugin))
 
     def serve_and_mount(self) -> None:
         for _ in self._serve_and_mount_steps():
@@ -184,6 +185,7 @@ class Reconciler:
                     functools.partial(self._mount, volume),
                     inputs=self._volumes.inputs(volume),
                     subject=_subject(volume.pod),
+                    served=_served(volume.plugin),
                 )
 
     async def _refresh_first(self, changed: tuple[ObjectKey, ...]) -> None:
@@ -239,7 +241,12 @@ class Reconciler:
             return False
         refresh = functools.partial(self._refresh, volume, mounted)
         if not self._start(
-            volume.name, "refresh", refresh, inputs=inputs, subject=_subject(volume.pod)
+            volume.name,
+            "refresh",
+            refresh,
+            inputs=inputs,
+            subject=_subject(volume.pod),
+            served=_served(volume.plugin),
         ):
             return False
         if shared is not None:
@@ -291,10 +298,13 @@ class Reconciler:
         *,
         inputs: Hashable = None,
         subject: str = "",
+        served: bool = False,
     ) -> bool:
         """Start the operation; False if the executor refused (pending, or in backoff)."""
         try:
-            self._executor.start(name, operation, run, inputs=inputs, subject=subject)
+            self._executor.start(
+                name, operation, run, inputs=inputs, subject=subject, served=served
+            )
         except FusevolError as exc:
             if not is_expected(exc):
                 raise
@@ -333,3 +343,8 @@ def _subject(pod: Pod) -> str:
     """`pod=ns/name file=...`: whom a failed operation concerns, for its error line."""
     origin = f" file={pod.origin}" if pod.origin else ""
     return f"pod={pod.namespace}/{pod.name}{origin}"
+
+
+def _served(plugin: Plugin | None) -> bool:
+    """True for a volume served from memory, whose operations the executor may queue."""
+    return plugin is not None and plugin.served_from_memory

@@ -22,7 +22,7 @@ from fusevol.errors import (
     is_expected,
 )
 from fusevol.model import UniqueVolumeName
-from fusevol.reconciler.executor import Executor
+from fusevol.reconciler.executor import SERVED_AT_ONCE, Executor
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -126,6 +126,75 @@ async def test_volumes_do_not_wait_for_each_other(
     assert other.times == [0.0]
     assert executor.is_pending(NAME)
     assert not executor.is_pending(OTHER)
+
+
+@dataclass
+class Counting:
+    """Operations that run until released, counting how many run at once."""
+
+    release: trio.Event = field(default_factory=trio.Event)
+    running: int = 0
+    most: int = 0
+    done: int = 0
+
+    async def __call__(self) -> None:
+        self.running += 1
+        self.most = max(self.most, self.running)
+        try:
+            await self.release.wait()
+        finally:
+            self.running -= 1
+            self.done += 1
+
+
+def names(n: int, tag: str = "q") -> list[UniqueVolumeName]:
+    return [UniqueVolumeName(f"kubernetes.io/configmap/uid-{tag}{i}-cfg") for i in range(n)]
+
+
+async def test_served_operations_run_at_most_served_at_once_and_the_rest_queue(
+    executor: Executor,
+) -> None:
+    ops = Counting()
+    for name in names(SERVED_AT_ONCE + 10):
+        executor.start(name, "mount", ops, served=True)
+    await trio.testing.wait_all_tasks_blocked()
+    assert ops.running == SERVED_AT_ONCE
+    assert all(map(executor.is_pending, names(SERVED_AT_ONCE + 10)))  # queued ones too
+    assert executor.statistics().pending == SERVED_AT_ONCE + 10
+    ops.release.set()  # each one that ends starts the next in the queue
+    await trio.testing.wait_all_tasks_blocked()
+    assert (ops.done, executor.finished, ops.most) == (
+        SERVED_AT_ONCE + 10,
+        SERVED_AT_ONCE + 10,
+        SERVED_AT_ONCE,
+    )
+    assert executor.statistics().pending == 0
+
+
+async def test_other_operations_never_wait_for_served_ones(executor: Executor) -> None:
+    """A mount-backed volume's operation may hang (an NFS server gone): it never queues, and
+    served ones never wait for it."""
+    served, mounts = Counting(), Counting()
+    for name in names(SERVED_AT_ONCE + 1):
+        executor.start(name, "mount", served, served=True)
+    for name in names(SERVED_AT_ONCE + 1, tag="nfs"):
+        executor.start(name, "mount", mounts)
+    await trio.testing.wait_all_tasks_blocked()
+    assert (served.running, mounts.running) == (SERVED_AT_ONCE, SERVED_AT_ONCE + 1)
+
+
+async def test_a_stop_drops_the_queue() -> None:
+    executor = Executor(initial_backoff_s=0.5, max_backoff_s=4.0)
+    ops = Counting()
+    queued = names(SERVED_AT_ONCE + 1)
+    async with trio.open_nursery() as nursery:
+        await nursery.start(executor.run)
+        for name in queued:
+            executor.start(name, "mount", ops, served=True)
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert (ops.done, ops.most) == (SERVED_AT_ONCE, SERVED_AT_ONCE)  # cancelled, never started
+    assert not any(map(executor.is_pending, queued))
 
 
 # -- backoff ---------------------------------------------------------------------------------------

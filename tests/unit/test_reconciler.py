@@ -166,6 +166,8 @@ class RecordingExecutor(Executor):
     def __init__(self, **kwargs: object) -> None:
         super().__init__(**kwargs)  # type: ignore[arg-type]
         self.started: list[tuple[str, UniqueVolumeName]] = []
+        self.served: dict[UniqueVolumeName, bool] = {}
+        """Whether each volume's last operation was started as a served volume's (may queue)."""
 
     def start(
         self,
@@ -175,9 +177,11 @@ class RecordingExecutor(Executor):
         *,
         inputs: Hashable = None,
         subject: str = "",
+        served: bool = False,
     ) -> None:
-        super().start(name, operation, run, inputs=inputs, subject=subject)
+        super().start(name, operation, run, inputs=inputs, subject=subject, served=served)
         self.started.append((operation, name))
+        self.served[name] = served
 
 
 @dataclass
@@ -284,6 +288,23 @@ async def test_one_pass_starts_operations_in_order(
 
     assert world.executor.started == expected
     assert world.volumes.calls == []  # reconcile() only starts operations
+
+
+async def test_only_served_volumes_operations_may_queue(
+    autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The executor queues served volumes' operations beyond a bound; any other volume's (an NFS
+    mount that may hang) must start at once."""
+    world.actual.mark_mounted(world.mounted(POD_A, inputs=None, state=MountState.MOUNTED))
+    world.add(CM, POD_NFS)
+    await world.nursery.start(world.executor.run)
+    world.populator.populate()
+
+    world.reconciler.reconcile()
+
+    assert world.executor.served == {A_CFG: True, N_CFG: True, N_DATA: False}
+    await trio.testing.wait_all_tasks_blocked()
+    assert [line for line in error_lines(caplog) if "cephfs" not in line] == []
 
 
 # -- the running loop ------------------------------------------------------------------------------
