@@ -68,9 +68,9 @@ class HealthServer:
             "/metrics": lambda: Response(
                 200, metrics.render(), "text/plain; version=0.0.4; charset=utf-8"
             ),
-            "/status": lambda: Response(
-                200, json.dumps(status(), indent=1).encode(), "application/json"
-            ),
+            # Without indent: json's C encoder (with one, its pure Python encoder: 40 ms on the
+            # agent's loop for 2000 pods, against 11).
+            "/status": lambda: Response(200, json.dumps(status()).encode(), "application/json"),
         }
         self.port: int | None = None
         """The port actually bound (useful with port 0)."""

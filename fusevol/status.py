@@ -134,7 +134,7 @@ class StatusReporter:
             if i:
                 yield None
                 parts.append(b", ")
-            # Without indent: json's C encoder (with one, its pure Python encoder, ten times
+            # Without indent: json's C encoder (with one, its pure Python encoder, four times
             # slower).
             parts.append(json.dumps(pods[i : i + _STEP])[1:-1].encode())
         parts.append(b"]}")
