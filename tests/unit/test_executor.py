@@ -171,6 +171,35 @@ async def test_served_operations_run_at_most_served_at_once_and_the_rest_queue(
     assert executor.statistics().pending == 0
 
 
+async def test_a_queued_refresh_runs_before_queued_set_ups(executor: Executor) -> None:
+    started: list[UniqueVolumeName] = []
+    releases: dict[UniqueVolumeName, trio.Event] = {}
+
+    def operation(name: UniqueVolumeName) -> Callable[[], Awaitable[None]]:
+        releases[name] = trio.Event()
+
+        async def run() -> None:
+            started.append(name)
+            await releases[name].wait()
+
+        return run
+
+    set_ups = names(SERVED_AT_ONCE + 1)
+    for name in set_ups:
+        executor.start(name, "mount", operation(name), served=True)
+    executor.start(NAME, "refresh", operation(NAME), served=True)
+    await trio.testing.wait_all_tasks_blocked()
+    assert set(started) == set(set_ups[:SERVED_AT_ONCE])
+    releases[set_ups[0]].set()  # one slot frees: the refresh takes it, queued after the set-up
+    await trio.testing.wait_all_tasks_blocked()
+    assert started[SERVED_AT_ONCE:] == [NAME]
+    releases[set_ups[1]].set()
+    await trio.testing.wait_all_tasks_blocked()
+    assert started[SERVED_AT_ONCE:] == [NAME, set_ups[SERVED_AT_ONCE]]
+    for release in releases.values():
+        release.set()
+
+
 async def test_other_operations_never_wait_for_served_ones(executor: Executor) -> None:
     """A mount-backed volume's operation may hang (an NFS server gone): it never queues, and
     served ones never wait for it."""
