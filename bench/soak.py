@@ -185,7 +185,12 @@ def main() -> None:
         traces = Path(tmp) / "traces"
         traces.mkdir()
         env = {TRACEMALLOC_ENV: str(traces)} if args.trace else None
-        with running_agent(manifests, Path(tmp) / "root", *AGENT_ARGS, env=env) as agent:
+        # A pod deleted while the readers read it: its unmount may find a file open (EBUSY) and
+        # is retried 0.5 s later, as kubelet's would be (there, containers stop first).
+        busy = r"unmount failed .* Device or resource busy"
+        with running_agent(
+            manifests, Path(tmp) / "root", *AGENT_ARGS, env=env, expect_log=(busy,)
+        ) as agent:
             deadline = time.monotonic() + args.minutes * 60
             points: list[Checkpoint] = []
             print(f"{'cycle':>5} {'s':>6} " + " ".join(f"{n:>8}" for n in names))
