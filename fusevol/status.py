@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from fusevol import layout
+from fusevol import heap, layout
 from fusevol.cache.actual import MountState
 from fusevol.fsutil import flock_held, replace_file
 from fusevol.mount.linux import LinuxMountBackend
@@ -98,8 +98,7 @@ class StatusReporter:
                 finally:
                     spent += trio.current_time() - started
                 await trio.sleep(_PAUSE_S)
-            await trio.to_thread.run_sync(_write, self._path, parts)
-            del parts  # a megabyte with thousands of pods, held until the next snapshot else
+            await trio.to_thread.run_sync(_write, self._path, parts)  # and emptied
             # ... and written less often when it is costly: at most a tenth of the trio thread.
             await trio.sleep(max(self._min_interval_s, _SPACING * spent))
 
@@ -248,7 +247,11 @@ _LATEST_S = 1.0
 
 
 def _write(path: Path, parts: list[bytes]) -> None:
+    """Write the snapshot (worker thread), then give the heap's free pages back (`heap.trim`):
+    the snapshot is made once the reconciler is quiet, after the work that freed them."""
     replace_file(path, b"".join(parts))
+    parts.clear()
+    heap.trim()
 
 
 TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"
