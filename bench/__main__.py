@@ -8,7 +8,8 @@ Rows, each from one module of this package (run alone for details):
        and API write -> visible (a loopback API server), p50/p99 of 100     api_latency.py
   4    fan-out: N pods on one 256 KiB ConfigMap vs N AtomicWriter copies    fanout.py
   4b   burst: 10 edits 0.2 s apart of a 64 KiB ConfigMap 2000 pods use,    burst.py
-       vs the same burst with 1 pod; set-up and tear-down of 2000 pods vs 500
+       vs the same burst with 1 pod; set-up, tear-down and the agent's RSS
+       per pod volume with 2000 pods vs 500
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
   6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
 """
@@ -107,6 +108,13 @@ def main() -> None:
         f"median {med(many.all_s) * 1e3:.0f} ms, max {max(many.all_s) * 1e3:.0f}",
         f"the same sweep at rest {many.sweep_s * 1e3:.0f} ms",
         f"{med(many.all_s) / many.sweep_s:.2f}x the sweep at rest",
+    )
+    _row(
+        f"    RSS per pod volume, {setup_pods[1]} pods",
+        f"agent +{large.rss_kib_per_volume:.1f} KiB, helpers "
+        f"+{large.helpers_rss_kib_per_volume:.1f}",
+        f"{setup_pods[0]} pods: agent +{small.rss_kib_per_volume:.1f} KiB",
+        f"{large.rss_kib_per_volume / small.rss_kib_per_volume:.2f}x per volume",
     )
     for label, attr in (("set-up", "setup_s"), ("tear-down", "teardown_s")):
         t_small, t_large = getattr(small, attr), getattr(large, attr)

@@ -7,7 +7,9 @@ and until a sweep of every pod's directory has read it (an upper bound: the swee
 through N binds included, reported at rest beside it). The first edit costs as much as any
 other: an edit must not wait behind per-pod work that the previous one started. Baseline: the
 same burst at N=1. `setup_ratio` times set-up and tear-down alone at two sizes (linear: a ratio
-of the per-volume times near 1).
+of the per-volume times near 1). Memory: the agent's RSS once the pods are set up and it has
+been idle for `SETTLE_S`, less its RSS before the pods came, per pod volume (the ConfigMap is
+there before, so this is beyond the content); its helper processes' apart.
 
     .venv/bin/python bench/burst.py [--pods 1 2000] [--edits 10]     (root: mounts)
 """
@@ -22,14 +24,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench import AGENT_ARGS, agent_root
+from bench import AGENT_ARGS, agent_pid, agent_root, helper_pids, rss_mib
 from tests.agent import running_agent, wait_for, write_atomically
+
+if TYPE_CHECKING:
+    from tests.agent import AgentProcess
 
 SIZE = 64 * 1024
 INTERVAL_S = 0.2
+SETTLE_S = 3.0
+"""Idle time after set-up before RSS is read: the status snapshot that follows set-up included."""
 
 
 def uid(i: int) -> str:
@@ -63,6 +71,10 @@ class Result:
     N reads through N binds, included: `sweep_s` is that time at rest)."""
     sweep_s: float
     """A sweep of every pod with nothing changing."""
+    rss_kib_per_volume: float
+    """The agent's RSS growth from no pods to N set-up pods, per pod volume (module docstring)."""
+    helpers_rss_kib_per_volume: float
+    """The same for its helper processes, together."""
 
 
 def measure(n: int, edits: int = 10) -> Result:
@@ -72,11 +84,15 @@ def measure(n: int, edits: int = 10) -> Result:
         (manifests / "cm.yaml").write_text(configmap("v0"))
         with running_agent(manifests, root, *AGENT_ARGS) as agent:
             keys = [agent.volume(uid(i), "configmap", "config") / "v" for i in range(n)]
+            time.sleep(1.0)  # its start-up's work done
+            rss_before = _rss(agent)
             started = time.perf_counter()
             (manifests / "pods.yaml").write_text(pods(n))
             for key in keys:
                 wait_for(key.exists, timeout_s=1200, interval_s=0.01)
             setup = time.perf_counter() - started
+            time.sleep(SETTLE_S)
+            rss_after = _rss(agent)
             started = time.perf_counter()
             for key in keys:
                 key.read_text()
@@ -106,7 +122,14 @@ def measure(n: int, edits: int = 10) -> Result:
             wait_for(lambda: not any(pods_dir.iterdir()), timeout_s=1200, interval_s=0.01)
             teardown = time.perf_counter() - started
             agent.stop()
-    return Result(setup, teardown, firsts, lasts, alls, sweep)
+    agent_kib = (rss_after[0] - rss_before[0]) * 1024 / n
+    helpers_kib = (rss_after[1] - rss_before[1]) * 1024 / n
+    return Result(setup, teardown, firsts, lasts, alls, sweep, agent_kib, helpers_kib)
+
+
+def _rss(agent: AgentProcess) -> tuple[float, float]:
+    """(the agent's RSS, its helpers' together), MiB."""
+    return rss_mib(agent_pid(agent)), sum(map(rss_mib, helper_pids(agent)))
 
 
 def setup_ratio(small: int = 500, large: int = 2000) -> tuple[Result, Result]:
@@ -121,12 +144,16 @@ def main() -> None:
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("needs root (mounts)")
-    print(f"{'pods':>5} | {'set-up':>8} | {'tear-down':>9} | edit -> visible (ms), each edit")
+    print(
+        f"{'pods':>5} | {'set-up':>8} | {'tear-down':>9} | {'RSS/volume':>10} | "
+        "edit -> visible (ms), each edit"
+    )
     for n in args.pods:
         r = measure(n, args.edits)
         each = " ".join(f"{t * 1e3:.0f}" for t in r.all_s)
         print(
             f"{n:>5} | {r.setup_s:>7.2f}s | {r.teardown_s:>8.2f}s | "
+            f"{r.rss_kib_per_volume:>6.1f} KiB | "
             f"pod 0: median {statistics.median(r.first_s) * 1e3:.1f}, max "
             f"{max(r.first_s) * 1e3:.1f}; pod {n - 1}: median "
             f"{statistics.median(r.last_s) * 1e3:.1f}, max {max(r.last_s) * 1e3:.1f}; "
