@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
@@ -132,7 +132,7 @@ def _load(text: bytes, *, origin: str) -> list[object]:
             f"{origin}: {where}invalid YAML: {exc.problem or exc.context}"
         ) from None
     except RecursionError:
-        raise ManifestError(f"{origin}: invalid YAML: nested too deeply") from None
+        raise _too_deep(origin, None) from None
     except yaml.YAMLError as exc:  # unmarked: the reader's "unacceptable character #x0000"
         raise ManifestError(f"{origin}: invalid YAML: {exc}") from None
     except _CONSTRUCTOR_FAILURES:  # in the second half of a collection's constructor: no node
@@ -152,15 +152,24 @@ def _check_depth(source: str, *, origin: str) -> None:
             if isinstance(event, yaml.CollectionStartEvent):
                 depth += 1
                 if depth > _MAX_DEPTH:
-                    line = f"line {event.start_mark.line + 1}: " if event.start_mark else ""
-                    raise ManifestError(f"{origin}: {line}invalid YAML: nested too deeply")
+                    raise _too_deep(origin, event.start_mark)
             elif isinstance(event, yaml.CollectionEndEvent):
                 depth -= 1
     except yaml.MarkedYAMLError as exc:
         if "maximum nesting depth" not in (exc.problem or ""):
             raise
-        line = f"line {exc.problem_mark.line + 1}: " if exc.problem_mark else ""
-        raise ManifestError(f"{origin}: {line}invalid YAML: nested too deeply") from None
+        raise _too_deep(origin, exc.problem_mark) from None
+
+
+class _Mark(Protocol):
+    """Where libyaml is in the text: its C and its Python marks alike."""
+
+    line: int
+
+
+def _too_deep(origin: str, mark: _Mark | None) -> ManifestError:
+    line = f"line {mark.line + 1}: " if mark else ""
+    return ManifestError(f"{origin}: {line}invalid YAML: nested too deeply")
 
 
 def _documents(
