@@ -29,7 +29,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import __version__, layout, log, preflight
+from fusevol import __version__, heap, layout, log, preflight
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
@@ -269,6 +269,7 @@ def _run(args: argparse.Namespace) -> int:
     from fusevol.app import run_until_signalled
     from fusevol.projection.downward import node_allocatable
 
+    heap.one_arena()  # before the first thread
     log.setup(args.log_level)
     kube = _kube_settings(args)
     if kube is None and not args.manifests.is_dir():
