@@ -139,6 +139,7 @@ class Agent:
             executor=self.executor,
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
+            at_rest=self._tidy,
         )
         self.reconciler = Reconciler(
             store=self.store,
@@ -223,6 +224,11 @@ class Agent:
             "store": dataclasses.asdict(self.store.statistics()),
             "source": dataclasses.asdict(self.source.statistics()),
         }
+
+    def _tidy(self) -> None:
+        """At rest (the status reporter's quiet times, while we reconcile): compact the journal."""
+        if self._journal is not None:
+            self._journal.tidy()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root

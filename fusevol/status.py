@@ -52,8 +52,11 @@ class StatusReporter:
         statistics: Callable[[], dict[str, Any]] = dict,
         object_versions: Callable[[VolumeToServe], dict[str, str | None]] = lambda _: {},
         min_interval_s: float = 0.2,
+        at_rest: Callable[[], None] = lambda: None,
     ) -> None:
-        """`statistics`: the components' counters, included in every snapshot."""
+        """`statistics`: the components' counters, included in every snapshot. `at_rest`: called
+        before each snapshot is written, once the reconciler has been quiet: the time to tidy up
+        after a burst of work (`fusevol.fuse.snapshot.Journal.tidy`)."""
         self._path = layout.status_file(root)
         self._node_name = node_name
         self._desired = desired
@@ -62,6 +65,7 @@ class StatusReporter:
         self._statistics = statistics
         self._object_versions = object_versions
         self._min_interval_s = min_interval_s
+        self._at_rest = at_rest
         self._dirty = trio.Event()
         self._mounts: dict[str, tuple[Pod, list[dict[str, Any]]]] = {}
 
@@ -98,6 +102,7 @@ class StatusReporter:
                 finally:
                     spent += trio.current_time() - started
                 await trio.sleep(_PAUSE_S)
+            self._at_rest()
             await trio.to_thread.run_sync(_write, self._path, parts)  # and emptied
             # ... and written less often when it is costly: at most a tenth of the trio thread.
             await trio.sleep(max(self._min_interval_s, _SPACING * spent))

@@ -157,3 +157,26 @@ def test_lookups_alone_do_not_grow_the_memfd_without_bound() -> None:
     assert os.fstat(journal.fd).st_blocks * 512 < 3 * 1024 * 1024
     assert os.fstat(journal.fd).st_size < 8 * 1024 * 1024  # offsets wrap back: no endless growth
     assert state(snapshot.restore(os.dup(journal.fd)).tree) == state(tree)
+
+
+def test_at_rest_the_journal_shrinks_to_about_the_live_tree() -> None:
+    """Busy, the journal may grow to four bases and a MiB; `tidy` (the agent at rest) compacts it
+    once it outweighs the base, and not for a few records."""
+    tree = Tree()
+    journal = snapshot.Journal.create(tree)
+    volume = make_volume(tree)
+    publish(tree, volume, b"..v1", PAYLOAD)
+    for _ in range(20_000):  # ~460 KB of records: below the busy agent's threshold
+        node = tree.lookup(volume.inode, b"..data")
+        tree.forget(node.inode, 1)
+    busy = os.fstat(journal.fd).st_blocks * 512
+    journal.tidy()
+    rested = os.fstat(journal.fd).st_blocks * 512
+    assert busy > 400_000
+    assert rested < 32 * 1024, f"{busy} -> {rested} bytes"
+
+    header = os.pread(journal.fd, 64, 0)  # where the base is
+    tree.lookup(volume.inode, b"..data")  # a few records: not worth a compaction
+    journal.tidy()
+    assert os.pread(journal.fd, 64, 0) == header
+    assert state(snapshot.restore(os.dup(journal.fd)).tree) == state(tree)

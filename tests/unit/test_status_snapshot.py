@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 PODS = 120
 
 
-def reporter(root: Path) -> StatusReporter:
+def reporter(root: Path, at_rest: Callable[[], None] = lambda: None) -> StatusReporter:
     desired = DesiredState()
     for i in range(PODS):
         text = (
@@ -46,6 +46,7 @@ def reporter(root: Path) -> StatusReporter:
         desired=desired,
         actual=ActualState(),
         executor=Executor(initial_backoff_s=0.5, max_backoff_s=4.0),
+        at_rest=at_rest,
     )
 
 
@@ -135,3 +136,32 @@ def test_a_snapshot_waits_for_a_quiet_moment_or_a_second(
             nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_at_rest_comes_before_each_snapshot_is_written(tmp_path: Path) -> None:
+    """The agent tidies up at rest (its journal: `fusevol.fuse.snapshot.Journal.tidy`) when the
+    reporter has waited for a quiet moment, before the write that trims the heap after it."""
+    path = layout.status_file(tmp_path)
+    rested: list[bytes | None] = []  # the file as it was at each call
+    status = reporter(
+        tmp_path, at_rest=lambda: rested.append(path.read_bytes() if path.exists() else None)
+    )
+    written: list[bytes] = []
+
+    async def next_snapshot() -> None:
+        status.changed()
+        with trio.fail_after(10):
+            while not path.exists() or path.read_bytes() in written:
+                await trio.sleep(0.01)
+        written.append(path.read_bytes())
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            await nursery.start(status.run)
+            await next_snapshot()
+            assert rested == [None]
+            await next_snapshot()
+            assert rested == [None, written[0]]
+            nursery.cancel_scope.cancel()
+
+    trio.run(main)
