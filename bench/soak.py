@@ -37,7 +37,7 @@ from bench import AGENT_ARGS, agent_pid, helper_pids, proc_status, rss_mib
 from fusevol.status import TRACEMALLOC_ENV
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
-RSS_GROWTH_LIMIT_MIB = 2.0
+RSS_GROWTH_LIMIT_MIB = 1.0
 """Allowed RSS growth over the second half of the checkpoints: allocator noise, not a leak."""
 VARYING = ("rss_mib", "anon_mib", "shmem_mib", "helpers_rss_mib", "threads")
 """Not compared for equality (see the module docstring)."""
