@@ -45,13 +45,23 @@ class MountedVolume:
 class ActualState:
     def __init__(self) -> None:
         self._volumes: dict[UniqueVolumeName, MountedVolume] = {}
+        self._by_pod: dict[PodUID, set[UniqueVolumeName]] = {}
+        """The names in `_volumes` by pod: a pod's tear-down asks after each of its volumes
+        whether any is left, which a scan of every volume made quadratic in the node's pods."""
 
     def mark_mounted(self, volume: MountedVolume) -> None:
+        self.mark_unmounted(volume.name)
         self._volumes[volume.name] = volume
+        self._by_pod.setdefault(volume.pod_uid, set()).add(volume.name)
 
     def mark_unmounted(self, name: UniqueVolumeName) -> None:
         """No-op if the volume is not mounted."""
-        self._volumes.pop(name, None)
+        volume = self._volumes.pop(name, None)
+        if volume is not None:
+            names = self._by_pod[volume.pod_uid]
+            names.discard(name)
+            if not names:
+                del self._by_pod[volume.pod_uid]
 
     def get(self, name: UniqueVolumeName) -> MountedVolume | None:
         return self._volumes.get(name)
@@ -60,7 +70,7 @@ class ActualState:
         return tuple(self._volumes.values())
 
     def pod_has_volumes(self, uid: PodUID) -> bool:
-        return any(v.pod_uid == uid for v in self._volumes.values())
+        return uid in self._by_pod
 
     def __contains__(self, name: object) -> bool:
         return name in self._volumes
