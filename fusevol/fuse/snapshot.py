@@ -126,20 +126,16 @@ class Journal:
             _punch_hole(self.fd, _FIRST_BASE, old_base - _FIRST_BASE)
         os.pwrite(self.fd, body, base)
         os.pwrite(self.fd, _HEADER.pack(MAGIC, init, init_length, base, len(body)), 0)
-        mapped = self._map is not None
         if wrap:
             _punch_hole(self.fd, old_base, self._end - old_base)
-            if self._map is not None:  # shrink the file, and the mapping with it
-                self._map.close()
-                self._map = None
-            os.ftruncate(self.fd, base + len(body))
+            os.ftruncate(self.fd, base + len(body))  # shrink the file, and the mapping with it,
+            if self._map is not None:  # mapped again at once: it holds a descriptor, as many
+                self._grow(base + len(body))  # at rest as after the next record
         elif old_base:
             _punch_hole(self.fd, old_base, base - old_base)
         self._end = base + len(body)
         self._base_length = len(body)
         self._journal_bytes = 0
-        if mapped and self._map is None:  # mapped again at once: as many descriptors at rest
-            self._grow(self._end)  # (the mapping holds one) as after the next record
 
     # -- TreeObserver ------------------------------------------------------------------------------
 
