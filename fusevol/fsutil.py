@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,18 +17,25 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = Fa
     """Write `data` to `path` atomically: a temporary file beside it (created anew with `mode`,
     less the umask), then a rename over `path`; a reader sees the old file or the new one, never
     part of either. With `fsync` the data is on disk before the rename (state that must survive
-    a crash of the node, not only of the agent). Creates `path`'s directory if missing."""
+    a crash of the node, not only of the agent). Creates `path`'s directory if missing.
+
+    Each call has a temporary file of its own, so that writers at once (threads, or two
+    generations of the agent) never take each other's: the last rename wins. Which state that is
+    is the callers' to order (`fusevol.csi.node` has one writer at a time)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # left by a crash, maybe with another mode
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
 
 
 def mkdir_all(path: str | os.PathLike[str], mode: int) -> None:

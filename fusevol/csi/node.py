@@ -126,6 +126,10 @@ class CsiNode:
         self.restored: list[MountedVolume] = []
         """The targets `restore` found still mounted (a predecessor's binds): set up again."""
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
+        self._saving = trio.Lock()
+        self._changes = 0
+        """Changes of the published set so far; `_saved` of them are on disk."""
+        self._saved = 0
 
     # -- the CSI calls -----------------------------------------------------------------------------
 
@@ -315,8 +319,18 @@ class CsiNode:
         await self._save()
 
     async def _save(self) -> None:
-        records = [_record(p) for p in self._published.values()]
-        await trio.to_thread.run_sync(state.save, self._state_path, records)
+        """Record the published set. One write at a time, each of the set as it is when the write
+        starts: calls made at once (kubelet publishes on several gRPC threads) end with the newest
+        set on disk, and a call whose change a later write already holds writes nothing."""
+        self._changes += 1
+        change = self._changes
+        async with self._saving:
+            if self._saved >= change:
+                return
+            newest = self._changes
+            records = [_record(p) for p in self._published.values()]
+            await trio.to_thread.run_sync(state.save, self._state_path, records)
+            self._saved = newest
 
     async def _wait_served(self, name: UniqueVolumeName) -> None:
         """(5) Until the reconciler has set the volume up with its current inputs."""

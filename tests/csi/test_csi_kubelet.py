@@ -8,6 +8,7 @@ import base64
 import json
 import subprocess
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -16,7 +17,7 @@ import pytest
 from tests import kubelet_reference
 from tests.agent import mounts_below, wait_for
 from tests.csi.conftest import UID, csi_volume, pod
-from tests.csi.kubelet import is_mount_point
+from tests.csi.kubelet import Obj, is_mount_point, volume_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -268,3 +269,48 @@ def test_reads_of_a_csi_target_never_fail_through_a_hand_over(
     failed = lines.count("fail")
     assert failed == 0, f"{failed} failed reads of {len(lines)}: {reads.with_suffix('.errors')}"
     print(f"{len(lines)} reads of the CSI target through a hand-over, none failed")
+
+
+def test_concurrent_publishes_and_unpublishes_all_succeed_and_the_record_ends_exact(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """kubelet publishes and unpublishes on several gRPC threads at once: every call succeeds,
+    and `csi.json` ends as the published set, after 50 publishes at once and after 50 mixed
+    calls (25 unpublishes of those, 25 publishes of new volumes) at once."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    pods = [
+        pod(f"web-{i}", f"dddddddd-0000-4000-8000-{i:012d}", volumes=[
+            csi_volume(f"v{j}", configMap="app") for j in range(5)
+        ])
+        for i in range(15)
+    ]  # fmt: skip
+    for each in pods:
+        api.create(each)
+    first = [(p, f"v{j}") for p in pods[:10] for j in range(5)]
+    second = [(p, f"v{j}") for p in pods[10:] for j in range(5)]
+
+    with csi_agent() as (agent, kubelet), ThreadPoolExecutor(max_workers=50) as threads:
+        record = agent.root / "fusevol" / "csi.json"
+
+        def published() -> set[tuple[str, str]]:
+            entries = json.loads(record.read_text())["published"]
+            return {(e["volumeId"], e["targetPath"]) for e in entries}
+
+        def expected(volumes: list[tuple[Obj, str]]) -> set[tuple[str, str]]:
+            return {
+                (volume_handle(p["metadata"]["uid"], name), str(kubelet.target(p, name)))
+                for p, name in volumes
+            }
+
+        calls = [threads.submit(kubelet.publish, p, name) for p, name in first]
+        for call in calls:
+            assert (call.result() / "a").read_text() == "1"
+        assert published() == expected(first)
+
+        gone, kept = first[::2], first[1::2]
+        calls = [threads.submit(kubelet.unpublish, p, name) for p, name in gone]
+        calls += [threads.submit(kubelet.publish, p, name) for p, name in second]
+        for call in calls:
+            call.result()  # raises the call's RpcError, if any
+        assert published() == expected(kept + second)
+        assert sorted(record.parent.glob(".csi.json*")) == []  # no temporary file left
