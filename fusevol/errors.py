@@ -29,6 +29,11 @@ class InvalidInput(FusevolError):
 class ManifestError(InvalidInput):
     """A manifest file that cannot be read, parsed or understood."""
 
+    def __init__(self, message: str, *, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+        """For a field's error: the field and what is wrong with it, without file and object."""
+
 
 class InvalidPayload(InvalidInput):
     """A payload path or key that kubelet's AtomicWriter would reject."""

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING
 from fusevol.cache.desired import CsiVolume, VolumeToServe
 from fusevol.layout import plugin_for, unique_volume_name
 from fusevol.model import (
+    InvalidVolumeSource,
     Kind,
     NFSVolumeSource,
     ObjectKey,
@@ -198,6 +199,8 @@ class Populator:
         source = volume.source
         if isinstance(source, PersistentVolumeClaimVolumeSource):
             return self._resolve_claim(pod, volume, source)
+        if isinstance(source, InvalidVolumeSource):
+            return _failed(pod, volume, source.error)
         plugin = plugin_for(source)
         if plugin is None:
             type_name = source.type_name if isinstance(source, UnsupportedVolumeSource) else "?"

@@ -1,8 +1,9 @@
 """Kubernetes resource quantities (`500m`, `1.5Gi`, `1e3`) as exact fractions.
 
 Owns `parse_quantity`, apimachinery's `ParseQuantity` (`pkg/api/resource/quantity.go` and
-`suffix.go`), and the two readers kubelet's downward API uses on a quantity: `value`
-(`Quantity.Value()`) and `milli_value` (`Quantity.MilliValue()`), both rounded up, away from zero.
+`suffix.go`), the two readers kubelet's downward API uses on a quantity: `value`
+(`Quantity.Value()`) and `milli_value` (`Quantity.MilliValue()`), both rounded up, away from zero,
+and `canonical`, `Quantity.String()`: the form the API server stores and compares divisors in.
 
 `parse_quantity` accepts what `ParseQuantity` accepts, odd corners included, because the API server
 stored whatever it accepted: decimal suffixes `n u m "" k M G T P E`, binary `Ki`..`Ei`, and
@@ -16,8 +17,8 @@ Deliberate differences, neither reachable from a quantity the API server would p
 - past int64, `value`/`milli_value` saturate at 2^63-1 as current apimachinery does, where older
   releases wrapped around or returned 0 depending on which internal form the value had.
 
-Excludes: printing quantities (canonical form), quantity arithmetic, and the API server's list of
-allowed divisors (`fusevol.decode.volume_sources`).
+Excludes: quantity arithmetic, and the API server's list of allowed divisors
+(`fusevol.decode.volume_sources`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ _DECIMAL_SUFFIXES = {
     "E": 18,
 }
 _BINARY_SUFFIXES = {"Ki": 10, "Mi": 20, "Gi": 30, "Ti": 40, "Pi": 50, "Ei": 60}
+_DECIMAL_NAMES = {exponent: suffix for suffix, exponent in _DECIMAL_SUFFIXES.items()}
+_BINARY_NAMES = {exponent: suffix for suffix, exponent in _BINARY_SUFFIXES.items()}
 
 # apimachinery's error texts.
 _FORMAT_WRONG = (
@@ -81,6 +84,35 @@ def value(quantity: Fraction) -> int:
 def milli_value(quantity: Fraction) -> int:
     """`Quantity.MilliValue()`: `quantity * 1000` rounded up away from zero, saturated to int64."""
     return _saturate(_away_from_zero(quantity * 1000))
+
+
+def canonical(text: str) -> str:
+    """`Quantity.String()` of `text` (`CanonicalizeBytes`): the form the API server stores.
+
+    The format is the suffix's: binary (`Ki`..`Ei`) stays binary for a whole number of at least
+    1024, as the largest power of 1024 that divides it (`1024Ki` is `1Mi`, `1536Ki` is `1536Ki`);
+    otherwise decimal, with the largest exponent that is a multiple of 3 and leaves an integer
+    mantissa, written as an SI suffix (`1000m` is `1`, `1500` is `1500`, `0.001` is `1m`) or, when
+    `text` had an `e` exponent, as one (`1000e0` is `1e3`). Zero is `0` however written. An exponent
+    past the suffix table gets no suffix at all, as apimachinery writes it (unreachable from a
+    value below 2^63, where parsing saturates).
+    """
+    amount = parse_quantity(text)
+    if not amount:
+        return "0"
+    suffix = _scan(text).suffix
+    if suffix in _BINARY_SUFFIXES and amount >= 1024 and amount.denominator == 1:
+        mantissa, power = int(amount), 0
+        while mantissa % 1024 == 0:
+            mantissa, power = mantissa // 1024, power + 10
+        return f"{mantissa}{_BINARY_NAMES.get(power, '')}"
+    mantissa, power = int(amount * _NANO), -9  # parsing rounded it to a whole number of nanos
+    while mantissa % 10 == 0:
+        mantissa, power = mantissa // 10, power + 1
+    mantissa, power = mantissa * 10 ** (power % 3), power - power % 3
+    if suffix and suffix not in _DECIMAL_SUFFIXES and suffix not in _BINARY_SUFFIXES:
+        return f"{mantissa}e{power}" if power else str(mantissa)
+    return f"{mantissa}{_DECIMAL_NAMES.get(power, '')}"
 
 
 # -- the scanner -----------------------------------------------------------------------------------

@@ -38,7 +38,7 @@ import yaml
 from fusevol.decode.reader import Reader
 from fusevol.decode.volume_sources import parse_volumes
 from fusevol.errors import FusevolError, ManifestError
-from fusevol.model import PodUID, Volume, VolumeName, VolumeSource
+from fusevol.model import InvalidVolumeSource, PodUID, Volume, VolumeName, VolumeSource
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -229,9 +229,16 @@ def _volume_source(
     try:
         (volume,) = parse_volumes(reader, [{"name": volume_name, **entry}])
     except ManifestError as exc:
-        # The parser names the field from the pod spec down; the volume entry here is implied.
-        raise CsiError(Code.INVALID_ARGUMENT, str(exc).replace("spec.volumes[0].", "", 1)) from None
+        raise CsiError(Code.INVALID_ARGUMENT, _in_attribute(str(exc))) from None
+    if isinstance(volume.source, InvalidVolumeSource):
+        error = f"{reader.origin}: {reader.subject}: {volume.source.error}"
+        raise CsiError(Code.INVALID_ARGUMENT, _in_attribute(error))
     return volume.source
+
+
+def _in_attribute(error: str) -> str:
+    """The parser names the field from the pod spec down; the volume entry here is implied."""
+    return error.replace("spec.volumes[0].", "", 1)
 
 
 def _parse_volume(text: str, pod: PodIdentity) -> dict[str, object]:

@@ -309,6 +309,8 @@ def _containers(
         mounts = r.sequence(container.get("volumeMounts"), f"{at}.volumeMounts")
         security = r.mapping(container.get("securityContext"), f"{at}.securityContext")
         resources = r.mapping(container.get("resources"), f"{at}.resources")
+        limits = r.quantity_map(resources.get("limits"), f"{at}.resources.limits")
+        requests = r.quantity_map(resources.get("requests"), f"{at}.resources.requests")
         containers.append(
             model.Container(
                 name=r.string(container.get("name"), f"{at}.name", required=True),
@@ -317,10 +319,9 @@ def _containers(
                     for i, mount in enumerate(mounts)
                 ),
                 run_as_user=r.user_id(security.get("runAsUser"), f"{at}.securityContext.runAsUser"),
-                resources=model.ResourceRequirements(
-                    limits=r.quantity_map(resources.get("limits"), f"{at}.resources.limits"),
-                    requests=r.quantity_map(resources.get("requests"), f"{at}.resources.requests"),
-                ),
+                # `SetDefaults_Pod`: a limit without a request is the request too. kubelet
+                # reads every pod so defaulted, a static pod's manifest included.
+                resources=model.ResourceRequirements(limits, {**limits, **requests}),
                 env=_env(r, container.get("env"), path=f"{at}.env"),
             )
         )

@@ -57,7 +57,9 @@ class Reader:
     subject: str
 
     def fail(self, path: str, message: str) -> NoReturn:
-        raise ManifestError(f"{self.origin}: {self.subject}: {path}: {message}")
+        raise ManifestError(
+            f"{self.origin}: {self.subject}: {path}: {message}", field=f"{path}: {message}"
+        )
 
     def expect(self, value: object, path: str, default: _T) -> _T:
         """`value` if it has the type of `default`; `default` if it is null, as Go decodes null."""

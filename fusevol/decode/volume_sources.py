@@ -14,10 +14,11 @@ podCertificate source, which the model cannot carry. The mount-backed types are 
 hostPath, emptyDir, persistentVolumeClaim and gitRepo (a repository is required; its directory is
 relative and has no '..' element).
 
-Narrower than the API server: a divisor must be spelled as in its list (`1Mi`): this module
-compares the text, where the API server compares the canonical form (`1024Ki` passes there). As on
+A divisor is compared in its canonical form, as the API server compares it (`1024Ki` is `1Mi`),
+and a zero divisor is no divisor (what the API server stores for an omitted one: `"0"`). As on
 the API server, an empty projected source is allowed (it projects nothing), and the first error
-found is the one reported.
+found in a volume is the one reported. A volume whose source breaks these rules becomes
+`InvalidVolumeSource`: it alone fails, with that error.
 
 Excludes: the other pod fields (`fusevol.decode.objects`), field readers
 (`fusevol.decode.reader`), and what kubelet checks again when it renders
@@ -30,8 +31,9 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fusevol import model
+from fusevol import model, quantity
 from fusevol.decode.reader import DNS_SUBDOMAIN, describe_type, quote
+from fusevol.errors import ManifestError
 from fusevol.model import VolumeName
 
 if TYPE_CHECKING:
@@ -66,7 +68,11 @@ _DEFAULT_TOKEN_SECONDS = 3600
 
 
 def parse_volumes(r: Reader, value: object) -> tuple[model.Volume, ...]:
-    """`spec.volumes`: unique DNS-label names, one type each (no type: an emptyDir)."""
+    """`spec.volumes`: unique DNS-label names, one type each (no type: an emptyDir).
+
+    A volume whose name is wrong fails the pod: nothing could refer to it. One whose source is
+    wrong is an `InvalidVolumeSource` carrying the error, so that it fails alone, as a volume
+    kubelet cannot set up does, and the pod's other volumes are still served."""
     volumes: list[model.Volume] = []
     for index, raw in enumerate(r.sequence(value, "spec.volumes")):
         path = f"spec.volumes[{index}]"
@@ -77,14 +83,15 @@ def parse_volumes(r: Reader, value: object) -> tuple[model.Volume, ...]:
             r.fail(f"{path}.name", f"Duplicate value: {quote(name)}")
         # A key set to null is no volume type; no type at all is defaulted to emptyDir.
         types = [key for key, item in entry.items() if key != "name" and item is not None]
-        if len(types) > 1:
-            r.fail(path, "may not specify more than 1 volume type")
-        type_name = types[0] if types else "emptyDir"
-        if not isinstance(type_name, str):
-            r.fail(path, f"volume type {type_name!r} must be a string")
-        source = _volume_source(
-            r, type_name=type_name, value=entry.get(type_name), path=f"{path}.{type_name}"
-        )
+        type_name = " and ".join(sorted(map(str, types))) if types else "emptyDir"
+        try:
+            if len(types) > 1:
+                r.fail(path, "may not specify more than 1 volume type")
+            source = _volume_source(
+                r, type_name=type_name, value=entry.get(type_name), path=f"{path}.{type_name}"
+            )
+        except ManifestError as exc:
+            source = model.InvalidVolumeSource(type_name, exc.field or str(exc))
         volumes.append(model.Volume(VolumeName(name), source))
     return tuple(volumes)
 
@@ -381,9 +388,17 @@ def _resource_ref(r: Reader, value: object, path: str) -> model.ResourceFieldSel
     if isinstance(divisor, int) and not isinstance(divisor, bool):
         divisor = str(divisor)
     text = r.string(divisor, f"{path}.divisor")
-    allowed, message = _divisors(resource)
-    if text and text not in allowed:
-        r.fail(f"{path}.divisor", f"invalid value {quote(resource)}: {message}")
+    if text:
+        try:
+            form = quantity.canonical(text)
+        except ValueError as exc:
+            r.fail(f"{path}.divisor", str(exc))
+        # `validateContainerResourceDivisor`: zero, however written, is unset (the API server
+        # stores an omitted divisor as "0"); any other is compared in its canonical form.
+        allowed, message = _divisors(resource)
+        if form != "0" and form not in allowed:
+            r.fail(f"{path}.divisor", f"invalid value {quote(text)}: {message}")
+        text = "" if form == "0" else form
     return model.ResourceFieldSelector(resource=resource, container_name=container, divisor=text)
 
 

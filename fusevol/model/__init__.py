@@ -25,6 +25,7 @@ from fusevol.model.sources import (
     EmptyDirVolumeSource as EmptyDirVolumeSource,
     GitRepoVolumeSource as GitRepoVolumeSource,
     HostPathVolumeSource as HostPathVolumeSource,
+    InvalidVolumeSource as InvalidVolumeSource,
     KeyToPath as KeyToPath,
     LocalVolumeSource as LocalVolumeSource,
     NFSVolumeSource as NFSVolumeSource,

@@ -159,6 +159,16 @@ class UnsupportedVolumeSource:
     type_name: str
 
 
+@dataclass(frozen=True, slots=True)
+class InvalidVolumeSource:
+    """A volume whose source fusevol cannot read: that volume fails with `error` (kubelet's
+    FailedMount), the pod's other volumes are still served."""
+
+    type_name: str
+    error: str
+    """The field and what is wrong with it (`spec.volumes[1].secret.items[0].path: ...`)."""
+
+
 VolumeSource = (
     ConfigMapVolumeSource
     | SecretVolumeSource
@@ -170,6 +180,7 @@ VolumeSource = (
     | PersistentVolumeClaimVolumeSource
     | GitRepoVolumeSource
     | UnsupportedVolumeSource
+    | InvalidVolumeSource
 )
 
 PersistentVolumeSource = (

@@ -151,3 +151,38 @@ def test_bad_attributes_targets_and_handles_are_refused_and_disturb_nothing(
         assert sorted(p.name for p in csi_dirs.iterdir()) == ["good"]
         kubelet.unpublish(web, "good")
         assert mounts_below(kubelet_dir) == []
+
+
+def test_a_volume_as_the_api_server_stores_it_publishes_and_a_bad_one_fails_alone(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """The source in `volume` as kube-apiserver stores it (`divisor: "0"`, `defaultMode: 420`,
+    `apiVersion: v1`) publishes, divided by 1; a volume the agent cannot serve fails alone with
+    INVALID_ARGUMENT naming its field. The pod's own spec, stored the same way, is no obstacle."""
+
+    def downward(divisor: str) -> str:
+        ref = {"containerName": "c", "resource": "limits.cpu", "divisor": divisor}
+        item = {"path": "cpu", "resourceFieldRef": ref}
+        return json.dumps({"downwardAPI": {"items": [item], "defaultMode": 420}})
+
+    web = pod(
+        volumes=[
+            csi_volume("info", volume=downward("0")),
+            csi_volume("bad", volume=downward("3")),
+            {"name": "own", **json.loads(downward("0"))},
+        ],
+        containers=[{"name": "c", "resources": {"limits": {"cpu": "1500m"}}}],
+    )
+    api.create(web)
+    with csi_agent() as (_agent, kubelet):
+        code, message = refused(lambda: kubelet.publish(web, "bad"))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT
+        assert message == (
+            "volumeAttributes 'volume': pod default/web: downwardAPI.items[0].resourceFieldRef."
+            'divisor: invalid value "3": only divisor\'s values 1m and 1 are supported with the '
+            "cpu resource"
+        )
+        info = kubelet.publish(web, "info")
+        assert (info / "cpu").read_text() == "2"
+        assert oct((info / "cpu").stat().st_mode & 0o777) == "0o644"
+        kubelet.unpublish(web, "info")

@@ -22,6 +22,7 @@ from fusevol.model import (
     DownwardAPIVolumeFile,
     DownwardAPIVolumeSource,
     EmptyDirVolumeSource,
+    InvalidVolumeSource,
     KeyToPath,
     NFSVolumeSource,
     ObjectFieldSelector,
@@ -40,6 +41,7 @@ from fusevol.model import (
     VolumeMount,
     VolumeName,
 )
+from tests.decoding import manifest_error
 
 ORIGIN = "examples/app.yaml"
 NO_VERSION = ResourceVersion("")
@@ -131,9 +133,12 @@ spec:
       - path: owner
         mode: 0400
         fieldRef: {apiVersion: v1, fieldPath: "metadata.annotations['Example.com/Owner']"}
-      - {path: mem, resourceFieldRef: {containerName: main, resource: limits.memory, divisor: 1Mi}}
-      - {path: cpu, resourceFieldRef: {containerName: main, resource: requests.cpu, divisor: 1}}
-      - {path: pages, resourceFieldRef: {containerName: init, resource: limits.hugepages-2Mi}}
+      - path: mem
+        resourceFieldRef: {containerName: main, resource: limits.memory, divisor: 1024Ki}
+      - path: cpu
+        resourceFieldRef: {containerName: main, resource: requests.cpu, divisor: 1000m}
+      - path: pages
+        resourceFieldRef: {containerName: init, resource: limits.hugepages-2Mi, divisor: "0"}
 """
 
 PROJECTED_POD = b"""\
@@ -321,7 +326,8 @@ CONVERSIONS = [
                         "main",
                         resources=ResourceRequirements(
                             limits={"cpu": "0.5", "memory": "1Gi", "hugepages-2Mi": "2"},
-                            requests={"cpu": "250m"},
+                            # a limit without a request is also the request (SetDefaults_Pod)
+                            requests={"cpu": "250m", "memory": "1Gi", "hugepages-2Mi": "2"},
                         ),
                     ),
                 ),
@@ -779,27 +785,28 @@ ERRORS = [
     ),
     pytest.param(
         to_yaml(pod(downward(resource_item("limits.cpu", divisor="1k")))),
-        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "limits.cpu": '
+        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "1k": '
         "only divisor's values 1m and 1 are supported with the cpu resource",
         id="divisor-cpu",
     ),
     pytest.param(
         to_yaml(pod(downward(resource_item("requests.memory", divisor="1m")))),
-        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "requests.memory": '
+        f'{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "1m": '
         f"only divisor's values {BYTE_DIVISORS} are supported with the memory resource",
         id="divisor-memory",
     ),
     pytest.param(
-        to_yaml(pod(downward(resource_item("limits.ephemeral-storage", divisor="1024Ki")))),
+        # 1Mi in value, but its canonical form is "1048576" (a plain number stays decimal).
+        to_yaml(pod(downward(resource_item("limits.ephemeral-storage", divisor="1048576")))),
         f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "
-        f'"limits.ephemeral-storage": only divisor\'s values {BYTE_DIVISORS} are supported '
+        f'"1048576": only divisor\'s values {BYTE_DIVISORS} are supported '
         "with the local ephemeral storage resource",
-        id="divisor-storage-spelled-otherwise",
+        id="divisor-storage-not-canonical",
     ),
     pytest.param(
         to_yaml(pod(downward(resource_item("limits.hugepages-2Mi", divisor="2Mi")))),
         f"{POD}: {DOWNWARD_ITEM}.resourceFieldRef.divisor: invalid value "
-        f'"limits.hugepages-2Mi": only divisor\'s values {BYTE_DIVISORS} are supported '
+        f'"2Mi": only divisor\'s values {BYTE_DIVISORS} are supported '
         "with the hugepages resource",
         id="divisor-hugepages",
     ),
@@ -904,9 +911,28 @@ ERRORS = [
 
 @pytest.mark.parametrize(("text", "message"), ERRORS)
 def test_error(text: bytes, message: str) -> None:
-    with pytest.raises(ManifestError) as info:
-        parse_manifest(text, origin=ORIGIN)
-    assert str(info.value).startswith(f"{ORIGIN}: {message}")
+    """The error, whether it fails the manifest or, in a volume's source, that volume alone."""
+    error = manifest_error(text, origin=ORIGIN)
+    assert error.startswith(f"{ORIGIN}: {message}")
+
+
+def test_a_volume_with_a_bad_source_fails_alone() -> None:
+    """The pod's other volumes, before and after it, are read as if it were not there."""
+    bad = downward(resource_item("limits.cpu", divisor="1k"))
+    good = cm_volume(name="app")
+    (pod_with_bad,) = parse_manifest(
+        to_yaml(pod(good, {**bad, "name": "info"}, {**good, "name": "after"})), origin=ORIGIN
+    )
+    assert isinstance(pod_with_bad, Pod)
+    first, broken, last = pod_with_bad.volumes
+    assert first.source == last.source == ConfigMapVolumeSource("app")
+    assert isinstance(broken.source, InvalidVolumeSource)
+    assert broken.name == "info"
+    assert broken.source.type_name == "downwardAPI"
+    assert broken.source.error == (
+        "spec.volumes[1].downwardAPI.items[0].resourceFieldRef.divisor: "
+        'invalid value "1k": only divisor\'s values 1m and 1 are supported with the cpu resource'
+    )
 
 
 @pytest.mark.parametrize(

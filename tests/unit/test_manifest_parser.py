@@ -29,6 +29,7 @@ from fusevol.model import (
 )
 from fusevol.projection import configmap
 from tests import fuzz
+from tests.decoding import manifest_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -53,9 +54,7 @@ def configmap_volume(items: str, extra: str = "") -> str:
 
 def fail(text: str | bytes, origin: str = ORIGIN) -> str:
     data = text.encode() if isinstance(text, str) else text
-    with pytest.raises(ManifestError) as raised:
-        parse_manifest(data, origin=origin)
-    message = str(raised.value)
+    message = manifest_error(data, origin=origin)
     assert message.startswith(origin + ": "), message
     return message
 

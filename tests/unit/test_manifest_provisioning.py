@@ -16,6 +16,7 @@ from fusevol.model import (
     ResourceVersion,
     StorageClass,
 )
+from tests.decoding import manifest_error
 
 ORIGIN = "m.yaml"
 NO_VERSION = ResourceVersion("")
@@ -64,9 +65,7 @@ def test_git_repo(fields: str, expected: GitRepoVolumeSource) -> None:
     ],
 )
 def test_git_repo_errors(fields: str, error: str) -> None:
-    with pytest.raises(ManifestError) as caught:
-        parse(git_pod(fields))
-    assert str(caught.value).endswith(error)
+    assert manifest_error(git_pod(fields).encode(), origin=ORIGIN).endswith(error)
 
 
 STORAGE_CLASS = """\
