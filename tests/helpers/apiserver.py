@@ -18,6 +18,8 @@ client uses is implemented as the API server does it:
 - core/v1 Events: POST (409 if the name exists) and PATCH (merge of the fields sent);
 - PersistentVolumes: POST (409 AlreadyExists if the name exists) and DELETE (the object goes at
   once: the `kubernetes.io/pv-protection` finalizer, which keeps a Bound PV, is not modelled);
+- objects stored as kube-apiserver v1.28 stores them: defaulted, quantities canonical
+  (`tests/helpers/defaults.py`; admission plugins are not modelled);
 - bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates.
 
 The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
@@ -56,6 +58,8 @@ import urllib.parse
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
+
+from tests.helpers import defaults
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -706,12 +710,13 @@ def _api_version(resource: str) -> str:
 
 
 def _normalize(obj: Obj) -> Obj:
-    """What the API server stores: `stringData` merged into `data` (base64)."""
+    """What the API server stores: `stringData` merged into `data` (base64), every defaulted
+    field filled in and quantities in canonical form (`tests/helpers/defaults.py`)."""
     if obj.get("kind") == "Secret" and obj.get("stringData"):
         data = obj.setdefault("data", {})
         for key, value in obj.pop("stringData").items():
             data[key] = base64.b64encode(value.encode()).decode()
-    return obj
+    return defaults.as_stored(obj)
 
 
 def _merge(old: Obj, patch: Obj) -> Obj:

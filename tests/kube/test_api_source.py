@@ -12,6 +12,7 @@ import base64
 import functools
 import json
 import os
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -19,7 +20,7 @@ import pytest
 
 from tests.agent import mounts_below, wait_for
 from tests.helpers.apiserver import ApiError
-from tests.kube.conftest import UID, configmap, configmap_volume, pod
+from tests.kube.conftest import UID, Obj, configmap, configmap_volume, pod
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -186,6 +187,53 @@ def test_deleted_objects_optional_empties_required_keeps_and_reports(
         # It comes back: served again.
         api.create(configmap("req", {"a": "back"}))
         wait_for(lambda: read(required / "a") == "back", timeout_s=10)
+
+
+def test_a_pod_as_stored_gets_its_volumes_and_one_it_cannot_serve_fails_alone(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    """A resourceFieldRef written without a divisor reaches the agent as `divisor: "0"` (the
+    server stores pods defaulted) and serves as divisor 1; a volume whose source the agent
+    refuses gets a FailedMount event naming its field, and the pod's other volumes are served."""
+    api.create(configmap("app", {"a": "1"}))
+
+    def cpu(**divisor: str) -> Obj:
+        ref = {"containerName": "c", "resource": "limits.cpu", **divisor}
+        return {"items": [{"path": "cpu", "resourceFieldRef": ref}]}
+
+    container = {"name": "c", "resources": {"limits": {"cpu": "1500m"}}}
+    stored = api.create(
+        pod(
+            containers=[container],
+            volumes=[
+                configmap_volume("config", "app"),
+                {"name": "info", "downwardAPI": cpu()},
+                {"name": "bad", "downwardAPI": cpu(divisor="3")},
+            ],
+        )
+    )
+    assert stored["spec"]["volumes"][1]["downwardAPI"]["items"][0]["resourceFieldRef"] == {
+        "containerName": "c",
+        "resource": "limits.cpu",
+        "divisor": "0",
+    }
+    field = "spec.volumes[2].downwardAPI.items[0].resourceFieldRef.divisor"
+    with kube_agent(expect_log=(f"{re.escape(field)}: invalid value",)) as agent:
+        config = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        info = agent.wait_mounted(agent.volume(UID, "downward-api", "info"))
+        assert (config / "a").read_text() == "1"
+        assert (info / "cpu").read_text() == "2"  # 1.5 cores, divided by 1, rounded up
+        message = (
+            f'MountVolume.SetUp failed for volume "bad" : {field}: invalid value "3": '
+            "only divisor's values 1m and 1 are supported with the cpu resource"
+        )
+        event = wait_for(
+            lambda: [e for e in api.events.values() if e["message"] == message], timeout_s=5
+        )[0]
+        assert (event["reason"], event["type"]) == ("FailedMount", "Warning")
+        assert event["involvedObject"]["uid"] == UID
+        assert not agent.volume(UID, "downward-api", "bad").exists()
+        assert "object rejected" not in agent.log_text()
 
 
 def test_an_immutable_object_is_not_watched(api: ApiServer, kube_agent: Callable[..., Any]) -> None:
