@@ -139,9 +139,6 @@ class Publisher:
     def current(self, volume: bytes) -> Version | None:
         return self._versions.get(volume)
 
-    def has_volume(self, volume: bytes) -> bool:
-        return volume in self._versions
-
     def volumes(self) -> tuple[bytes, ...]:
         return tuple(self._versions)
 

@@ -167,10 +167,6 @@ class Reconciler:
                 unmount = functools.partial(self._unmount, mounted)
                 self._start(mounted.name, "unmount", unmount, served=_served(mounted.plugin))
 
-    def serve_and_mount(self) -> None:
-        for _ in self._serve_and_mount_steps():
-            pass
-
     def _serve_and_mount_steps(self) -> Iterator[None]:
         for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
             if i % _STEP == 0:
@@ -200,14 +196,10 @@ class Reconciler:
             while any(map(self._executor.is_pending, started)):
                 await self._executor.wait_finished(self._executor.finished)
 
-    def refresh(self) -> None:
+    def _refresh_steps(self) -> Iterator[None]:
         """Step (3). A volume of a shared subtree waits while another of its users refreshes it
         (one per subtree per pass); once that one has published, the next pass finds the others
         current and records their new inputs."""
-        for _ in self._refresh_steps():
-            pass
-
-    def _refresh_steps(self) -> Iterator[None]:
         volumes = self._desired.volumes_to_serve()
         refreshing = {  # shared subtrees an operation is working on
             shared
