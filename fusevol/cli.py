@@ -12,7 +12,9 @@ source when `--kubeconfig` is given or when running in a pod (in-cluster configu
 `--source kubernetes` also selects it with the standard kubeconfig resolution (`$KUBECONFIG`,
 `~/.kube/config`).
 Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
-dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins.
+dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins. An empty
+variable counts as unset; a value the flag would not take is bad usage, named by its variable,
+unless the flag is given. The defaults are `fusevol.settings`'.
 Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
 """
 
@@ -26,18 +28,26 @@ import os
 import signal
 import socket
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from fusevol import __version__, heap, layout, log, preflight
 from fusevol.errors import FusevolError
 from fusevol.launcher import LAUNCHER_FD_ENV, launch
-from fusevol.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
+from fusevol.settings import (
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_ROOT as DEFAULT_ROOT,  # the default the deployment files repeat (tests/deploy)
+    ChangeDetection,
+    CsiSettings,
+    HttpSettings,
+    KubeSettings,
+    Settings,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator, Sequence
 
-DEFAULT_ROOT = "/var/lib/fusevol"
 DESCRIPTION = (
     "A Kubernetes node agent for pod volumes: ConfigMap, Secret, downwardAPI and projected "
     "volumes served from memory through FUSE, in kubelet's layout; nfs, local, hostPath, "
@@ -50,16 +60,68 @@ RUN_EPILOG = (
     "next agent); SIGINT (Ctrl-C) unmounts every pod volume."
 )
 ROOT_HELP = "the agent's root: pod volumes under DIR/pods/ (default: %(default)s)"
+LOG_LEVELS = ("debug", "info", "warning", "error")
 
 
-def _env(flag: str, default: str | None = None) -> str | None:
-    return os.environ.get("FUSEVOL_" + flag.upper().replace("-", "_"), default)
+@dataclass(frozen=True)
+class _BadVariable:
+    """The default of a flag whose `FUSEVOL_*` variable holds a value the flag does not take:
+    a usage error once parsing shows that the flag was not given (a flag given wins)."""
+
+    variable: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.value  # what --help shows as the default: what the variable says
+
+
+class _Parser(argparse.ArgumentParser):
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for value in vars(parsed).values():
+            if isinstance(value, _BadVariable):
+                self.exit(2, f"fusevol: error: {value.variable}={value.value!r}: {value.reason}\n")
+        return parsed, extras
+
+
+def _env_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    default: object = None,
+    type: Callable[[str], object] = str,
+    choices: Sequence[object] | None = None,
+    **kwargs: Any,
+) -> None:
+    """`parser.add_argument(flag, ...)` whose default is `FUSEVOL_<FLAG>` when that is set and
+    not empty, converted and checked as the flag's value would be."""
+    variable = "FUSEVOL_" + flag.removeprefix("--").upper().replace("-", "_")
+    if value := os.environ.get(variable):
+        try:
+            default = type(value)
+        except (TypeError, ValueError):  # what argparse catches from a type
+            name = getattr(type, "__name__", repr(type))
+            default = _BadVariable(variable, value, f"invalid {name} value")
+        else:
+            if choices is not None and default not in choices:
+                allowed = ", ".join(map(repr, choices))
+                default = _BadVariable(variable, value, f"invalid choice (choose from {allowed})")
+    parser.add_argument(flag, type=type, choices=choices, default=default, **kwargs)
+
+
+def _root_option(parser: argparse.ArgumentParser) -> None:
+    _env_option(parser, "--root", type=Path, metavar="DIR", default=DEFAULT_ROOT, help=ROOT_HELP)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="fusevol", description=DESCRIPTION)
+    parser = _Parser(prog="fusevol", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fusevol {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
+    kube = KubeSettings()
+    http = HttpSettings()
 
     run = commands.add_parser(
         "run",
@@ -67,98 +129,108 @@ def _parser() -> argparse.ArgumentParser:
         description="Serve the volumes of this node's pods until stopped.",
         epilog=RUN_EPILOG,
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--manifests",
         type=Path,
         metavar="DIR",
-        default=_env("manifests"),
         help="directory of manifests to serve, watched for edits: Pods, ConfigMaps, Secrets, "
         "PersistentVolumes, PersistentVolumeClaims, StorageClasses (*.yaml, *.yml, *.json)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--source",
         choices=["manifests", "kubernetes"],
-        default=_env("source"),
         help="where pods come from (default: manifests with --manifests, else kubernetes "
         "with --kubeconfig or in a pod)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--kubeconfig",
         type=Path,
         metavar="PATH",
-        default=_env("kubeconfig"),
         help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--change-detection",
         choices=[c.value for c in ChangeDetection],
-        default=_env("change-detection", ChangeDetection.WATCH.value),
+        default=kube.change_detection.value,
         help="how referenced ConfigMaps and Secrets are kept current, as kubelet's "
         "configMapAndSecretChangeDetectionStrategy (default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--sync-period",
         type=float,
         metavar="SECONDS",
-        default=float(_env("sync-period", "60") or 60),
+        default=kube.sync_period_s,
         help="seconds between refetches with --change-detection Cache or Get "
-        "(default: %(default)g)",
+        "(default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--cache-ttl",
         type=float,
         metavar="SECONDS",
-        default=float(_env("cache-ttl", "60") or 60),
+        default=kube.cache_ttl_s,
         help="seconds a fetched object stays fresh with --change-detection Cache "
-        "(default: %(default)g)",
+        "(default: %(default)s)",
     )
-    run.add_argument(
-        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
-    )
-    run.add_argument(
+    _root_option(run)
+    _env_option(
+        run,
         "--node-name",
         metavar="NAME",
-        default=_env("node-name", socket.gethostname()),
+        default=socket.gethostname(),
         help="serve pods with this spec.nodeName, or none (default: the host name, %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--node-allocatable",
         metavar="LIST",
-        default=_env("node-allocatable", ""),
+        default="",
         help="what the downward API reports for containers without limits, e.g. "
         "cpu=4,memory=8Gi,ephemeral-storage=100Gi (default: the host's capacity)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--http-port",
         type=int,
         metavar="PORT",
-        default=int(_env("http-port", "9842") or 9842),
+        default=http.port,
         help="port of /healthz, /readyz, /metrics and /status; 0: any free port, -1: none "
         "(default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--http-host",
         metavar="ADDRESS",
-        default=_env("http-host", HttpSettings().host),
+        default=http.host,
         help="address they listen on; /status names this node's pods and their errors, so "
         "the default is loopback (default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
         metavar="LEVEL",
-        default=_env("log-level", "info"),
+        default="info",
         help="debug, info, warning or error (default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--csi-endpoint",
-        default=_env("csi-endpoint", ""),
+        default="",
         help="serve the CSI node plugin fusevol.io at unix:///path/csi.sock: pods get volumes "
         "through kubelet (then pods' own volumes are not set up; default: off)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--kubelet-dir",
         type=Path,
-        default=_env("kubelet-dir", "/var/lib/kubelet"),
+        default=DEFAULT_KUBELET_DIR,
         help="kubelet's root directory: CSI target paths must be below it (default: %(default)s)",
     )
 
@@ -167,18 +239,14 @@ def _parser() -> argparse.ArgumentParser:
         help="unmount every pod volume and remove the pod directories, after a handing-over "
         "stop (refused while an agent runs)",
     )
-    teardown.add_argument(
-        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
-    )
+    _root_option(teardown)
 
     show = commands.add_parser(
         "status",
         help="whether an agent runs; its pods, volumes, state and last error, or without an "
         "agent what is still mounted",
     )
-    show.add_argument(
-        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
-    )
+    _root_option(show)
     show.add_argument("--json", action="store_true", help="print it as JSON")
 
     wait = commands.add_parser(
@@ -187,9 +255,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Exit 0 once every volume of POD is set up; on timeout exit 1 naming each "
         "volume not ready and its last error.",
     )
-    wait.add_argument(
-        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
-    )
+    _root_option(wait)
     wait.add_argument("pod", metavar="POD", help="namespace/name or uid")
     wait.add_argument(
         "--timeout",
@@ -204,9 +270,7 @@ def _parser() -> argparse.ArgumentParser:
         description="Print the container's volumeMounts as kubelet resolves them (mountPath, "
         "readOnly, subPath, subPathExpr, mountPropagation): fusevol volumes bound rslave.",
     )
-    mounts.add_argument(
-        "--root", type=Path, metavar="DIR", default=_env("root", DEFAULT_ROOT), help=ROOT_HELP
-    )
+    _root_option(mounts)
     mounts.add_argument("pod", metavar="POD", help="namespace/name or uid")
     mounts.add_argument("--container", required=True, metavar="NAME", help="the container")
     mounts.add_argument(

@@ -1,7 +1,7 @@
 """Settings, one frozen dataclass per subsystem; units are in the names.
 
 `fusevol.cli` fills them from flags and `FUSEVOL_*` environment variables; nothing else reads the
-environment.
+environment. The defaults are here, and only here: the flags' defaults are read from them.
 """
 
 from __future__ import annotations
@@ -77,6 +77,10 @@ class KubeSettings:
     """The Cache strategy's TTL: kubelet's default without the node's TTL annotation (1 min)."""
 
 
+DEFAULT_KUBELET_DIR = "/var/lib/kubelet"
+"""`CsiSettings.kubelet_dir` when none is given: kubelet's own default --root-dir."""
+
+
 @dataclass(frozen=True, slots=True)
 class CsiSettings:
     """The CSI node plugin (`fusevol.csi`)."""
@@ -85,6 +89,10 @@ class CsiSettings:
     """Where to serve CSI's Identity and Node services: `unix:///path/csi.sock`."""
     kubelet_dir: Path
     """kubelet's --root-dir: every target path must be a CSI volume target below it."""
+
+
+DEFAULT_ROOT = "/var/lib/fusevol"
+"""`Settings.root` when none is given."""
 
 
 @dataclass(frozen=True, slots=True)
