@@ -1,4 +1,4 @@
-"""Benchmarks: `python -m bench` prints issue 7's table (bench/__main__.py).
+"""Benchmarks: `python -m bench` prints the benchmark table (bench/__main__.py).
 
 Every figure about the agent (RSS, fds, threads) is read from the agent proper, `agent_pid()`:
 the child of `fusevol run`'s launcher, never the launcher itself (which holds nothing).

@@ -1,4 +1,4 @@
-"""The benchmark table of issue 7: every row is fusevol beside a baseline measured in the same run.
+"""The benchmark table: every row is fusevol beside a baseline measured in the same run.
 
     .venv/bin/python -m bench [--quick]          (root: real mounts and the real agent)
 

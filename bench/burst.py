@@ -1,4 +1,5 @@
-"""Burst: 10 edits, 0.2 s apart, of one 64 KiB ConfigMap that N pods use (issue 18).
+"""Burst: 10 edits, 0.2 s apart, of one 64 KiB ConfigMap that N pods use (row 4b of
+`python -m bench`).
 
 For each N, in one run: the real agent serves N pods sharing the ConfigMap; each edit is saved to
 the manifest directory 0.2 s after the previous one; recorded are the time until pod 0 reads the

@@ -1,5 +1,6 @@
 """Cold request throughput: stat+open+close of distinct keys with the kernel's caches dropped
-(issue 7, row 6), fusevol beside kubelet's layout on tmpfs, with 1 and 4 client processes.
+(row 6 of `python -m bench`), fusevol beside kubelet's layout on tmpfs, with 1 and 4 client
+processes.
 
 One ConfigMap with KEYS keys, served by the real agent and written the AtomicWriter way to a
 tmpfs. For each setup and client count: `echo 3 > /proc/sys/vm/drop_caches` (the FUSE mount's

@@ -1,4 +1,5 @@
-"""One pod with 100 ConfigMap volumes: time until every volume is ready (issue 7, row 5).
+"""One pod with 100 ConfigMap volumes: time until every volume is ready (row 5 of
+`python -m bench`).
 
 Kubernetes' own performance tests measure 22-24 s (p90) for this with kubelet, most of it the
 sync loop's pacing. Here, in one run: the real agent, from the moment the pod's manifest is saved
@@ -28,7 +29,7 @@ from tests.agent import running_agent, wait_for
 
 UID = "dddddddd-0000-4000-8000-000000000001"
 KUBELET_P90_S = (22.0, 24.0)
-"""kubelet, one pod with 100 ConfigMap volumes, Kubernetes' perf tests (issue 7)."""
+"""kubelet, one pod with 100 ConfigMap volumes, p90 in Kubernetes' own performance tests."""
 
 
 @dataclass(frozen=True)

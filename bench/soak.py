@@ -1,4 +1,4 @@
-"""Soak: churn pods and objects for N minutes; resources must stay flat (issue 9).
+"""Soak: churn pods and objects for N minutes; resources must stay flat.
 
 The real agent on a temporary manifest directory. Each cycle: PODS pods appear (each with a
 configMap, a secret, a projected and an emptyDir volume), their ConfigMap and Secret are edited

@@ -7,8 +7,8 @@ manifest text, mount batches, the joined status snapshot) that was 15 arenas bes
 each keeping the free chunks and per-thread caches of the bursts of work that went through it.
 A 10-minute `bench/soak.py` grew the heap 0.6 MiB over its second half that way (malloc's own
 count of bytes in use rose 1.5 MB over the run; what Python allocated, traced in another run,
-stayed flat); with one arena, 0.1 MiB (issue 18). The agent's threads hardly ever allocate at
-the same time (Python's GIL), so the one arena's lock is seldom contended.
+stayed flat); with one arena, 0.1 MiB. The agent's threads hardly ever allocate at the same
+time (Python's GIL), so the one arena's lock is seldom contended.
 
 `malloc_trim(0)` returns every whole free page to the kernel (`madvise(MADV_DONTNEED)`, since
 glibc 2.8, not only the top of the heap). It takes the arena's lock, so it runs in a worker

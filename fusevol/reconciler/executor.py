@@ -15,8 +15,8 @@ returns) blocks only its own volume. Those of volumes served from memory (`serve
 server or a disk of someone else's (only on the object store, the agent's own FUSE mount and
 mount(2) of its subtrees), so a bound cannot leave them stuck behind a hung one; and 2000 pods
 starting together were 2000 tasks alive at once, a few KiB each, whose garbage left the heap
-fragmented long after they were gone (issue 18). A refresh goes to the head of the queue: an
-edit reaches running pods before the pods still starting are set up.
+fragmented long after they were gone (`bench/burst.py`). A refresh goes to the head of the
+queue: an edit reaches running pods before the pods still starting are set up.
 """
 
 from __future__ import annotations

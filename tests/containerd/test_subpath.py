@@ -1,5 +1,5 @@
-"""A pod's containers run by containerd without kubelet, with the mounts `fusevol mounts` gives
-(issue 19): `fusevol wait`, then `ctr run` with `fusevol mounts --format ctr` for each container.
+"""A pod's containers run by containerd without kubelet, with the mounts `fusevol mounts` gives:
+`fusevol wait`, then `ctr run` with `fusevol mounts --format ctr` for each container.
 
 One container mounts the whole configMap volume; the other mounts a key by `subPath` and a nested
 directory by `subPathExpr` (a downward-API label in its env), through the subPath views, which

@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 KILLS = int(os.environ.get("FUSEVOL_TAKEOVER_KILLS", "20"))
-"""Kills mid-publish: the CI subset; the issue's 100 with FUSEVOL_TAKEOVER_KILLS=100."""
+"""Kills mid-publish: the CI subset; the README's 100 with FUSEVOL_TAKEOVER_KILLS=100."""
 
 READ_LOOP = (
     "while :; do d=$(busybox readlink /etc/config/..data) && a=$(cat /etc/config/$d/a)"

@@ -1,6 +1,6 @@
-"""`fusevol wait` before a container starts (issue 19): a pod whose ConfigMap is missing times out
-naming the volume and its error, kubelet-style; a second wait returns as soon as the ConfigMap
-appears, and the container then started with `fusevol mounts` reads it."""
+"""`fusevol wait` before a container starts, for a runtime without kubelet: a pod whose ConfigMap
+is missing times out naming the volume and its error, kubelet-style; a second wait returns as soon
+as the ConfigMap appears, and the container then started with `fusevol mounts` reads it."""
 
 from __future__ import annotations
 

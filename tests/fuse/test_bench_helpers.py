@@ -1,5 +1,5 @@
-"""The benchmarks' figures about the agent describe the agent proper (issue 18): the launcher's
-child, which holds /dev/fuse and the pods' content, never `fusevol run`'s launcher."""
+"""The benchmarks' figures about the agent describe the agent proper: the launcher's child,
+which holds /dev/fuse and the pods' content, never `fusevol run`'s launcher."""
 
 from __future__ import annotations
 

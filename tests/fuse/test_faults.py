@@ -308,7 +308,7 @@ def _kill_9(agent: AgentProcess) -> str:
 
 
 AGENT_KILLS = int(os.environ.get("FUSEVOL_AGENT_KILLS", "20"))
-"""The CI subset; the issue's 100 runs with FUSEVOL_AGENT_KILLS=100 (about five times longer)."""
+"""The CI subset; the README's 100 runs with FUSEVOL_AGENT_KILLS=100 (about five times longer)."""
 
 
 def test_agent_killed_while_publishing_restarts_into_one_complete_version(

@@ -73,8 +73,8 @@ def test_same_spec_shares_one_subtree_and_one_publish(agent: AgentProcess, manif
     time.sleep(0.5)
     assert publishes(agent) - before == 2
     assert len({(v / "..data").readlink() for v in volumes}) == 1
-    # One refresh operation for the shared subtree (the other users only record the new inputs,
-    # issue 18), and one for the fixture pod's own: per-pod work does not grow with the pods.
+    # One refresh operation for the shared subtree (the other users only record the new inputs),
+    # and one for the fixture pod's own: per-pod work does not grow with the pods.
     updated = [
         line
         for line in agent.log_text()[log_offset:].splitlines()

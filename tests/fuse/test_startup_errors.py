@@ -1,5 +1,5 @@
 """Ordinary start-up mistakes through the real CLI: one line saying what is wrong and what to do,
-exit 1, no traceback, nothing created below the root (issue 14, item 2).
+exit 1, no traceback, nothing created below the root.
 
 Each case runs `python -m fusevol ...` as a user would: a file as `--root`, a non-root user
 (`setpriv`), no `/dev/fuse` (a mount namespace whose /dev is an empty tmpfs), an HTTP port in use

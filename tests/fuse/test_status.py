@@ -1,5 +1,5 @@
 """`fusevol status` tells whether an agent runs, and without one shows the mount table, not the
-last agent's snapshot (issue 14, items 3 and 4). Through the real CLI, on real agents."""
+last agent's snapshot. Through the real CLI, on real agents."""
 
 from __future__ import annotations
 

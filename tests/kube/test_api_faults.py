@@ -1,6 +1,6 @@
 """A sick API server: what is served stays served, and the agent converges once it is healthy.
 
-Issue 9's API faults, each injected by the loopback server (`ApiServer.set_fault`) for longer
+Four API faults, each injected by the loopback server (`ApiServer.set_fault`) for longer
 than the reflector's first backoff steps (0.8 s, 1.6 s): every request answered 500, every watch
 answered 410 Gone, every request stalled (read, never answered), every connection dropped. Under
 each, a pod's ConfigMap volume keeps its content, the agent stays alive and `/healthz` says ok,

@@ -1,4 +1,4 @@
-"""The CLI's help and the README's usage say the same, with the defaults (issue 14, item 7).
+"""The CLI's help and the README's usage say the same, with the defaults.
 Through the real CLI (`python -m fusevol ... --help`)."""
 
 from __future__ import annotations

@@ -166,9 +166,9 @@ async def test_set_up_is_done_once(tmp_path: Path) -> None:
 async def test_the_volume_appears_only_once_its_revision_is_checked_out(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, directory: str
 ) -> None:
-    """Issue 14, item 6: a reader looking while git runs (a `git` first in PATH records what the
-    volume directory holds at each of git's steps, then runs the real git) sees no volume, then
-    the requested revision: never the clone's newest commit."""
+    """A reader looking while git runs (a `git` first in PATH records what the volume directory
+    holds at each of git's steps, then runs the real git) sees no volume, then the requested
+    revision: never the clone's newest commit."""
     first, _ = make_repository(tmp_path / "repo", [{"f": "old"}, {"f": "newest"}])
     target, meta = volume_dirs(tmp_path)
     shim = tmp_path / "bin"

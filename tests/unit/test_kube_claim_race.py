@@ -1,6 +1,6 @@
 """A provisioned PV is never reclaimed because its claim is merely not tracked or not read yet.
 
-Issue 14, item 1: the agent deleted the PV it had just created. The scheduler's selected claim
+The bug pinned here: the agent deleted the PV it had just created. The scheduler's selected claim
 was tracked because `SelectedClaims` listed it; the PV controller bound the claim during the PV's
 create, so the all-claims watch dropped it (bound, no longer "selected") before the create had
 answered and the recorder knew the PV: for that moment nothing wanted the claim, its per-name watch

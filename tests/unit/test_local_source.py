@@ -291,7 +291,7 @@ async def test_directory_moved_away_and_back(
 async def test_a_file_invalid_from_the_start_says_nothing_is_served_from_it(
     manifests: Path, store: ObjectStore, nursery, caplog
 ) -> None:
-    """Issue 14, item 7: it had no previous objects to keep."""
+    """Unlike a file that turns invalid later, it had no previous objects to keep."""
     path = manifests / "bad.yaml"
     path.write_text(config_map("b", "1").replace("k:", "../k:"))
     await start(nursery, manifests, store)

@@ -1,8 +1,8 @@
 """`fusevol.status.StatusReporter`: the snapshot file is the agent's least urgent work. It is built
 and encoded in steps of `_STEP` pods, with a pause between two steps (where the trio thread
 sleeps, if nothing else is to be done, and worker threads get the GIL), so an update never waits
-behind a whole snapshot (issue 18: with 2000 pods, one edit of a burst in ten took 20-30 ms while
-a snapshot was encoded in one piece)."""
+behind a whole snapshot (`bench/burst.py`: with 2000 pods, one edit of a burst in ten took
+20-30 ms while a snapshot was encoded in one piece)."""
 
 from __future__ import annotations
 
