@@ -1,10 +1,11 @@
 """Bad input at the parser: `parse_manifest` returns objects or raises ManifestError, nothing else.
 
 In-process and fast. Three parts:
-- a table of the bad inputs the issue lists, each with the field its error must name;
+- a table of bad inputs (keys, paths, modes, names, quantities), each with the field its error
+  must name;
 - inputs the parser must accept because kubelet rejects them later (when it writes the payload),
   checked one level down, at the projection;
-- seeded random inputs (hypothesis is not installed): every outcome is a list of objects or a
+- seeded random inputs (tests/fuzz.py): every outcome is a list of objects or a
   ManifestError whose message starts with the file name.
 """
 
