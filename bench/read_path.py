@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import AGENT_ARGS, tmpfs
-from fusevol import layout
 from fusevol.model import FileProjection, PodUID
+from fusevol.node import layout
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for, write_atomically
 

@@ -14,9 +14,9 @@ passed, and `running_agent` when its body ends without an error of its own. `run
 makes sure the agent is gone and nothing is left mounted below its root, whatever state the test
 left it in (a hung agent's FUSE connection is aborted, so a fault test cannot hang the suite).
 
-`process` is `fusevol run`'s main process, the launcher (fusevol/launcher.py), which signals and
-exit statuses concern; `pid` is the agent proper, its child, which serves FUSE and may outlive it
-as a lame duck. `kill()` is a crash: SIGKILL of the launcher, which takes the agent with it.
+`process` is `fusevol run`'s main process, the launcher (fusevol/agent/launcher.py), which signals
+and exit statuses concern; `pid` is the agent proper, its child, which serves FUSE and may outlive
+it as a lame duck. `kill()` is a crash: SIGKILL of the launcher, which takes the agent with it.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusevol import layout
+from fusevol.node import layout
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -196,7 +196,8 @@ class AgentProcess:
 
     def hand_over(self) -> int:
         """SIGTERM: `fusevol run` exits 0 and leaves every pod volume mounted; the agent proper
-        serves them on as a lame duck until the next agent releases it (fusevol/handover.py)."""
+        serves them on as a lame duck until the next agent releases it
+        (fusevol/agent/handover.py)."""
         assert self.process is not None
         self.process.send_signal(signal.SIGTERM)
         code = self.process.wait(timeout=60)

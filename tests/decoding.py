@@ -8,8 +8,8 @@ know which of the two a rule is.
 
 from __future__ import annotations
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import ManifestError
 from fusevol.model import InvalidVolumeSource, Pod
 
 

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 
 import yaml
 
+from fusevol.base.errors import FusevolError, ManifestError
 from fusevol.decode.reader import Reader
 from fusevol.decode.volume_sources import parse_volumes
-from fusevol.errors import FusevolError, ManifestError
 from fusevol.model import InvalidVolumeSource, PodUID, Volume, VolumeName, VolumeSource
 
 if TYPE_CHECKING:

@@ -33,11 +33,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from fusevol.cache.actual import MountedVolume, MountState
-from fusevol.cache.desired import CsiVolume
 from fusevol.csi import state
 from fusevol.csi.attributes import DRIVER, Code, CsiError, PodIdentity, Publication, parse
-from fusevol.layout import plugin_for
 from fusevol.model import (
     Kind,
     ObjectKey,
@@ -51,16 +48,19 @@ from fusevol.model import (
     Volume,
     token_key,
 )
+from fusevol.node.layout import plugin_for
+from fusevol.volumemanager.cache.actual import MountedVolume, MountState
+from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from fusevol.cache.actual import ActualState
-    from fusevol.cache.desired import DesiredState
-    from fusevol.cache.store import ObjectStore
-    from fusevol.reconciler.executor import Executor
-    from fusevol.reconciler.volumes import Volumes
+    from fusevol.volumemanager.cache.actual import ActualState
+    from fusevol.volumemanager.cache.desired import DesiredState
+    from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.reconciler.executor import Executor
+    from fusevol.volumemanager.reconciler.volumes import Volumes
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,9 @@ import trio
 from google.protobuf import wrappers_pb2
 
 from fusevol import __version__
+from fusevol.base.errors import FusevolError
 from fusevol.csi import csi_pb2 as pb
 from fusevol.csi.attributes import DRIVER, CsiError
-from fusevol.errors import FusevolError
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.fsutil import replace_file
+from fusevol.base.fsutil import replace_file
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping

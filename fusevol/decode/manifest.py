@@ -23,9 +23,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.objects import convert
 from fusevol.decode.reader import Reader, describe_type
-from fusevol.errors import ManifestError
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterator, Mapping

@@ -5,7 +5,7 @@ checks with Go's null-is-default decoding, modes, user ids, `IsConfigMapKey`, DN
 `KeyToPath` items, `ValidateLocalNonReservedPath`, and the light check of resource quantities.
 
 Quantities are checked against the pattern apimachinery's own error message states, plus their sign;
-the exact parse (`fusevol.quantity`) happens where a quantity is used, when a downwardAPI file
+the exact parse (`fusevol.base.quantity`) happens where a quantity is used, when a downwardAPI file
 reads it (`fusevol.projection.downward`). So a string such as `1i` that fits the pattern but is no
 quantity is accepted here and fails when a downwardAPI file reads it; and the few strings
 `ParseQuantity` takes without a leading number (`e3`, `Ki`) are refused here.
@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
-from fusevol.errors import ManifestError
+from fusevol.base.errors import ManifestError
 from fusevol.model import KeyToPath
 
 if TYPE_CHECKING:

@@ -31,9 +31,10 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fusevol import model, quantity
+from fusevol import model
+from fusevol.base import quantity
+from fusevol.base.errors import ManifestError
 from fusevol.decode.reader import DNS_SUBDOMAIN, describe_type, quote
-from fusevol.errors import ManifestError
 from fusevol.model import VolumeName
 
 if TYPE_CHECKING:

@@ -51,9 +51,9 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
-from fusevol import layout
 from fusevol.fuse import follow_process
-from fusevol.layout import Plugin
+from fusevol.node import layout
+from fusevol.node.layout import Plugin
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

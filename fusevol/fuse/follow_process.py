@@ -21,9 +21,10 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from fusevol import layout, mountinfo
-from fusevol.errors import VolumeSetupError
-from fusevol.fsutil import flock_held
+from fusevol.base.errors import VolumeSetupError
+from fusevol.base.fsutil import flock_held
+from fusevol.mount import mountinfo
+from fusevol.node import layout
 
 if TYPE_CHECKING:
     from pathlib import Path

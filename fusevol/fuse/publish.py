@@ -29,8 +29,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import trio
 
+from fusevol.base.helper_parent import HelperProcess
 from fusevol.fuse.tree import symlink_gid
-from fusevol.helper_process import HelperProcess
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
-from fusevol.layout import FUSE_SUBTYPE
+from fusevol.node.layout import FUSE_SUBTYPE
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -73,11 +73,11 @@ async def serve(
 ) -> None:
     """Mount at `mountpoint` (or, with `take_over`, answer a predecessor's live connection, mounted
     there), report started, answer requests until cancelled, then unmount unless `unmount()` says
-    no (a lame duck's mountpoint is the next agent's: fusevol.handover); closing the session
+    no (a lame duck's mountpoint is the next agent's: fusevol.agent.handover); closing the session
     aborts the connection unless another process holds a descriptor of it.
 
     `connected(connection)` is called once the kernel's INIT request has been answered (at once
-    when taking over): its descriptor may then be kept elsewhere (`fusevol.launcher`)."""
+    when taking over): its descriptor may then be kept elsewhere (`fusevol.agent.launcher`)."""
     options = {f"fsname={FSNAME}", f"subtype={FUSE_SUBTYPE}", "allow_other", "default_permissions"}
     if take_over is not None:
         _resume(operations, take_over, options)

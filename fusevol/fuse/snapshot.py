@@ -7,7 +7,7 @@ may know of is written here before its reply leaves: the agent's structural oper
 staged subtree, symlink, rename, unlink, rmdir) and the lookup counts (lookup, readdirplus,
 forget). The
 memfd is memory, never disk (secrets stay in memory); the launcher keeps a descriptor of it beside
-the `/dev/fuse` one (`fusevol.launcher`), so it outlives the agent.
+the `/dev/fuse` one (`fusevol.agent.launcher`), so it outlives the agent.
 
 Layout of the memfd:
 
@@ -37,7 +37,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.errors import FusevolError
+from fusevol.base.errors import FusevolError
 from fusevol.fuse.session import Connection, can_take_over
 from fusevol.fuse.tree import Node, Tree
 
@@ -191,7 +191,7 @@ def fuse_state(
 ) -> tuple[Tree, Journal | None, Connection | None]:
     """An agent's FUSE tree, the journal of its state kept for a successor (launched agents with
     the patched pyfuse3 only), and the connection to take over: `take_over`, the (fuse fd, state
-    fd) its launcher handed it after a crash or an upgrade-restart (`fusevol.launcher`)."""
+    fd) its launcher handed it after a crash or an upgrade-restart (`fusevol.agent.launcher`)."""
     if not launched or not can_take_over():
         return Tree(), None, None
     if take_over is None:

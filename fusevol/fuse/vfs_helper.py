@@ -10,8 +10,8 @@ the helper's request fails, and the helper, which asked for SIGKILL at its paren
 (PR_SET_PDEATHSIG), is gone too. `fusevol.fuse.ops` accepts structural operations only from these
 helpers' pids (`Publisher.is_publisher`), as strictly as it accepted only the agent's own threads.
 
-Protocol, one JSON line each way (`fusevol.helper`): `[op, args...]` -> `[errno, message]` (errno
-0: done). Paths are `os.fsdecode`d strings.
+Protocol, one JSON line each way (`fusevol.base.helper_child`): `[op, args...]` -> `[errno,
+message]` (errno 0: done). Paths are `os.fsdecode`d strings.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import errno
 import os
 from typing import TYPE_CHECKING, Any, cast
 
-from fusevol import helper
+from fusevol.base import helper_child
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -80,4 +80,4 @@ def answer(request: object) -> list[object]:
 
 
 if __name__ == "__main__":
-    helper.main(answer)
+    helper_child.main(answer)

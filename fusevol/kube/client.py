@@ -30,7 +30,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from fusevol.errors import FusevolError
+from fusevol.base.errors import FusevolError
 from fusevol.model import Kind
 
 if TYPE_CHECKING:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.objects import convert_object
-from fusevol.errors import ManifestError
 from fusevol.model import LocalVolumeSource, PersistentVolume
 
 if TYPE_CHECKING:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.errors import FusevolError
+from fusevol.base.errors import FusevolError
 
 if TYPE_CHECKING:
     from fusevol.kube.client import KubeClient, Obj

@@ -130,7 +130,8 @@ class VolumeMount:
     read_only: bool = False
     sub_path: str = ""
     sub_path_expr: str = ""
-    """Expanded with the container's env (`$(VAR)`) into the subPath (`fusevol.subpath`)."""
+    """Expanded with the container's env (`$(VAR)`) into the subPath
+    (`fusevol.node.container_mounts`)."""
     mount_propagation: str = ""
     """`None`, `HostToContainer` or `Bidirectional`; empty: the API's default (`None`)."""
 

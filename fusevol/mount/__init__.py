@@ -3,6 +3,6 @@
 `backend` (the `MountBackend` Protocol: idempotent mount, bind and unmount), `linux` (the real
 backend: mount(8), umount(8), /proc/self/mountinfo), `plugins` (set-up and tear-down per volume
 type, as kubelet's plugins do them: docs/kubelet.md facts 10, 11) and `gitrepo` (kubelet's
-git_repo plugin). The FUSE-served volumes are bound by `fusevol.reconciler.served` through the
-same backend.
+git_repo plugin). The FUSE-served volumes are bound by `fusevol.volumemanager.reconciler.served`
+through the same backend.
 """

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from fusevol.mountinfo import MountPoint
+    from fusevol.mount.mountinfo import MountPoint
 
 
 class MountBackend(Protocol):

@@ -15,14 +15,14 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from fusevol.fsutil import mkdir_all
-from fusevol.mountinfo import MountPoint
+from fusevol.base.fsutil import mkdir_all
+from fusevol.mount.mountinfo import MountPoint
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
     from pathlib import Path
 
-    from fusevol.errors import MountError
+    from fusevol.base.errors import MountError
     from fusevol.mount.backend import MountBackend
 
 

@@ -39,8 +39,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.errors import VolumeSetupError
-from fusevol.fsutil import mkdir_all
+from fusevol.base.errors import VolumeSetupError
+from fusevol.base.fsutil import mkdir_all
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING
 import outcome
 import trio
 
-from fusevol.errors import MountError
-from fusevol.helper_process import HelperProcess
+from fusevol.base.errors import MountError
+from fusevol.base.helper_parent import HelperProcess
 from fusevol.mount import syscalls
 from fusevol.mount.batch import Batches
 from fusevol.mount.syscalls import MNT_DETACH, MNT_FORCE
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.mount.backend import MountBackend
-    from fusevol.mountinfo import MountPoint
+    from fusevol.mount.mountinfo import MountPoint
 
 log = logging.getLogger(__name__)
 

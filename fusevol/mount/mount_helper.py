@@ -7,7 +7,7 @@ thread, the four mkdirs of a new pod's volume directory took 27 ms instead of 0.
 switch interval per wait); in a helper, a batch of 2000 binds runs at the kernel's pace. The
 helper is in the agent's mount namespace, so its mounts are the agent's.
 
-Protocol, one JSON line each way (`fusevol.helper`): a batch, `[[op, args...], ...]` ->
+Protocol, one JSON line each way (`fusevol.base.helper_child`): a batch, `[[op, args...], ...]` ->
 `[[0, result] or [errno, message], ...]`, one answer per call, in order.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING
 
-from fusevol import helper
+from fusevol.base import helper_child
 from fusevol.mount import syscalls
 
 if TYPE_CHECKING:
@@ -40,4 +40,4 @@ def answer(batch: object) -> list[list[object]]:
 
 
 if __name__ == "__main__":
-    helper.main(answer)
+    helper_child.main(answer)

@@ -12,7 +12,7 @@ idempotent too.
     emptyDir  a directory (0777), or a tmpfs sized by sizeLimit for medium Memory
     gitRepo   an emptyDir directory into which git clones once per pod (`fusevol.mount.gitrepo`)
 
-Excluded: the volumes served from memory (fusevol.reconciler.served).
+Excluded: the volumes served from memory (fusevol.volumemanager.reconciler.served).
 """
 
 from __future__ import annotations
@@ -26,10 +26,9 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol import layout
-from fusevol.errors import MountError, VolumeSetupError
-from fusevol.fsutil import mkdir_all
-from fusevol.layout import Plugin
+from fusevol.base.errors import MountError, VolumeSetupError
+from fusevol.base.fsutil import mkdir_all
+from fusevol.base.quantity import parse_quantity, value
 from fusevol.model import (
     EmptyDirVolumeSource,
     GitRepoVolumeSource,
@@ -38,11 +37,12 @@ from fusevol.model import (
     NFSVolumeSource,
 )
 from fusevol.mount import gitrepo
-from fusevol.quantity import parse_quantity, value
+from fusevol.node import layout
+from fusevol.node.layout import Plugin
 
 if TYPE_CHECKING:
-    from fusevol.cache.desired import VolumeToServe
     from fusevol.mount.backend import MountBackend
+    from fusevol.volumemanager.cache.desired import VolumeToServe
 
 
 class MountPlugins:

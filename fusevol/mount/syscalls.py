@@ -7,7 +7,7 @@ import contextlib
 import ctypes
 import os
 
-from fusevol.fsutil import mkdir_all
+from fusevol.base.fsutil import mkdir_all
 
 MS_RDONLY = 0x1
 MS_NOSUID = 0x2

@@ -29,7 +29,7 @@ import os
 import threading
 from typing import TYPE_CHECKING
 
-from fusevol.mountinfo import PATH, MountPoint, parse_line
+from fusevol.mount.mountinfo import PATH, MountPoint, parse_line
 
 if TYPE_CHECKING:
     from collections.abc import Iterable

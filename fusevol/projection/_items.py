@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusevol.errors import VolumeSetupError
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import FileProjection
 from fusevol.projection.paths import validate_payload
 

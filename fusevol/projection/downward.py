@@ -31,8 +31,8 @@ from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol import quantity
-from fusevol.errors import VolumeSetupError
+from fusevol.base import quantity
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import FileProjection
 from fusevol.projection.goquote import format_map, go_quote, to_go_bytes
 from fusevol.projection.paths import clean_path, validate_payload

@@ -25,7 +25,7 @@ import json
 import re
 from typing import TYPE_CHECKING
 
-from fusevol.errors import InvalidPayload
+from fusevol.base.errors import InvalidPayload
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusevol.errors import FusevolError, VolumeSetupError
+from fusevol.base.errors import FusevolError, VolumeSetupError
 from fusevol.model import (
     ConfigMap,
     ConfigMapProjection,

@@ -27,7 +27,8 @@ The core knows nothing of where PVs are recorded: that is the source's job, behi
 claimRef, the `pv.kubernetes.io/provisioned-by` annotation and the node affinity `describe()`
 gives), lets the PV controller bind the claim, and deletes the object on `forget`.
 
-Excludes: the bind mount (`fusevol.mount.plugins`), the choice of claims (`fusevol.populator`).
+Excludes: the bind mount (`fusevol.mount.plugins`), the choice of claims
+(`fusevol.volumemanager.populator`).
 """
 
 from __future__ import annotations
@@ -43,9 +44,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from fusevol import layout
-from fusevol.errors import VolumeSetupError
-from fusevol.fsutil import mkdir_all
+from fusevol.base.errors import VolumeSetupError
+from fusevol.base.fsutil import mkdir_all
 from fusevol.model import (
     Kind,
     LocalVolumeSource,
@@ -55,11 +55,12 @@ from fusevol.model import (
     ResourceVersion,
     StorageClass,
 )
+from fusevol.node import layout
 
 if TYPE_CHECKING:
     from collections.abc import Set
 
-    from fusevol.cache.store import ObjectStore
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

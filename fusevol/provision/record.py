@@ -30,17 +30,17 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.base.errors import ManifestError, VolumeSetupError
+from fusevol.base.fsutil import replace_file
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import ManifestError, VolumeSetupError
-from fusevol.fsutil import replace_file
 from fusevol.kube.documents import to_document
 from fusevol.model import PersistentVolume, ResourceVersion
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fusevol.cache.store import ObjectStore
     from fusevol.model import ObjectKey
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -39,16 +39,16 @@ from typing import TYPE_CHECKING, Any
 import inotify_simple
 import trio
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import ManifestError
 from fusevol.model import KubeObject, ObjectKey, Pod, ResourceVersion
 
 if TYPE_CHECKING:
     import pathlib
     from collections.abc import Iterable
 
-    from fusevol.cache.desired import VolumeToServe
-    from fusevol.cache.store import ObjectStore
+    from fusevol.volumemanager.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

@@ -238,7 +238,7 @@ def test_running_container_reads_through_agent_restarts(
 def _start_up_s() -> float:
     """How long a Python process takes to start and import the agent, measured now."""
     began = time.monotonic()
-    subprocess.run([sys.executable, "-c", "import fusevol.app"], check=True)
+    subprocess.run([sys.executable, "-c", "import fusevol.agent.app"], check=True)
     return time.monotonic() - began
 
 

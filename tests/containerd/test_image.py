@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import fusevol
-from fusevol import layout
+from fusevol.node import layout
 from tests.agent import NODE, mounts_below, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, bind, build_rootfs, needs_containerd
 from tests.manifests import POD_UID, configmap, write_pod_set
@@ -129,7 +129,7 @@ def test_image_is_the_packages_and_nothing_more(
     script = """
         fusevol --version
         python3 -c 'import pyfuse3; print("patched", hasattr(pyfuse3, "negotiated_capabilities"))'
-        python3 -c 'import fusevol.kube.client, fusevol.app; print("imports")'
+        python3 -c 'import fusevol.kube.client, fusevol.agent.app; print("imports")'
         for tool in fusermount3 mount umount mount.nfs git gcc cc pip pip3 cython; do
             command -v $tool >/dev/null && echo "has $tool"
         done

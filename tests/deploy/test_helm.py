@@ -22,7 +22,8 @@ import pytest
 import yaml
 
 import fusevol
-from fusevol import app, cli
+from fusevol import cli
+from fusevol.agent import app
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "fusevol"

@@ -25,7 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from fusevol import app, cli
+from fusevol import cli
+from fusevol.agent import app
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fusevol.service"
@@ -235,7 +236,7 @@ def test_exec_start_takes_every_setting_from_the_environment(unit: Unit) -> None
 def test_the_fuse_connection_is_kept_in_the_fd_store_and_never_unmounted_on_stop(
     unit: Unit,
 ) -> None:
-    """The agent stores two descriptors (fusevol.launcher FDNAME_*); a restart after a crash
+    """The agent stores two descriptors (fusevol.agent.launcher FDNAME_*); a restart after a crash
     takes the connection over, so nothing may detach the FUSE mount when the service stops."""
     assert int(only(unit, "Service", "FileDescriptorStoreMax")) >= 2
     assert "ExecStopPost" not in unit["Service"]

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from fusevol.cache.desired import VolumeToServe
-from fusevol.errors import VolumeSetupError
-from fusevol.layout import Plugin
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import (
     EmptyDirVolumeSource,
     HostPathVolumeSource,
@@ -29,6 +27,8 @@ from fusevol.model import (
 )
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.mount.plugins import MountPlugins
+from fusevol.node.layout import Plugin
+from fusevol.volumemanager.cache.desired import VolumeToServe
 
 HELPERS = Path(__file__).resolve().parent.parent / "helpers"
 POD = Pod(PodUID("pod-uid-1"), "default", "web", ResourceVersion("1"))

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterator
     from pathlib import Path
 
-    from fusevol.mountinfo import MountPoint
+    from fusevol.mount.mountinfo import MountPoint
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mounts)")
 

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from fusevol import layout
+from fusevol.node import layout
 from tests.agent import mounts_below, running_agent, wait_for
 from tests.fuse.test_volume_manager import pod, uid
 

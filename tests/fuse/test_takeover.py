@@ -1,4 +1,4 @@
-"""The FUSE connection outlives the agent: a new agent takes it over (fusevol.launcher,
+"""The FUSE connection outlives the agent: a new agent takes it over (fusevol.agent.launcher,
 fusevol.fuse.session, fusevol.fuse.snapshot).
 
 The readers here run in a mount namespace of their own with *private* propagation, as a container
@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE
 from fusevol.fuse.session import can_take_over
-from fusevol.launcher import FDNAME_FUSE, FDNAME_STATE
 from tests.agent import NODE, AgentProcess, mounts_below, pid_alive, running_agent, wait_for
 from tests.manifests import POD_UID, configmap
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from fusevol.quantity import canonical, parse_quantity
+from fusevol.base.quantity import canonical, parse_quantity
 
 Obj = dict[str, Any]
 

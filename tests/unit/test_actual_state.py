@@ -1,13 +1,13 @@
-"""`fusevol.cache.actual.ActualState`: which pods still have volumes set up, as volumes come and go
-(a pod's tear-down asks after each of its volumes)."""
+"""`fusevol.volumemanager.cache.actual.ActualState`: which pods still have volumes set up, as
+volumes come and go (a pod's tear-down asks after each of its volumes)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from fusevol.cache.actual import ActualState, MountedVolume
-from fusevol.layout import Plugin
 from fusevol.model import PodUID, UniqueVolumeName
+from fusevol.node.layout import Plugin
+from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
 
 
 def volume(name: str, pod: str) -> MountedVolume:

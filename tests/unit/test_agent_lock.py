@@ -1,5 +1,5 @@
-"""The agent lock (`fusevol.lock.AgentLock`): exactly one agent per root, and a successor waits
-for an agent that is handing over instead of being refused."""
+"""The agent lock (`fusevol.agent.lock.AgentLock`): exactly one agent per root, and a successor
+waits for an agent that is handing over instead of being refused."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.lock import AgentAlreadyRunning, AgentLock
+from fusevol.agent.lock import AgentAlreadyRunning, AgentLock
 from fusevol.mount.linux import LinuxMountBackend
 
 if TYPE_CHECKING:

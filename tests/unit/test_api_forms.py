@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from fusevol.base.errors import VolumeSetupError
 from fusevol.decode.objects import convert_object
-from fusevol.errors import VolumeSetupError
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,

@@ -1,6 +1,6 @@
 """`FUSEVOL_*` environment variables as the flags' defaults: converted and checked as the flags'
 values are, a bad one a usage error naming the variable (one line, exit 2, no traceback), a flag
-given on the command line winning; the defaults themselves are `fusevol.settings`'."""
+given on the command line winning; the defaults themselves are `fusevol.base.settings`'."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from fusevol import cli
-from fusevol.settings import DEFAULT_KUBELET_DIR, DEFAULT_ROOT, HttpSettings, KubeSettings
+from fusevol.base.settings import DEFAULT_KUBELET_DIR, DEFAULT_ROOT, HttpSettings, KubeSettings
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,5 @@
-"""`fusevol.collector`: full garbage collections wait for a moment the object store is quiet."""
+"""`fusevol.agent.collector`: full garbage collections wait for a moment the object store is
+quiet."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import TYPE_CHECKING
 import trio
 import trio.testing
 
-from fusevol.cache.store import ObjectStore
-from fusevol.collector import collect_when_quiet
+from fusevol.agent.collector import collect_when_quiet
 from fusevol.decode.manifest import parse_manifest
+from fusevol.volumemanager.cache.store import ObjectStore
 
 if TYPE_CHECKING:
     import pytest

@@ -14,7 +14,7 @@ import pytest
 import trio
 import trio.testing
 
-from fusevol.errors import (
+from fusevol.base.errors import (
     AlreadyPending,
     ExecutorStopped,
     InBackoff,
@@ -22,14 +22,14 @@ from fusevol.errors import (
     is_expected,
 )
 from fusevol.model import UniqueVolumeName
-from fusevol.reconciler.executor import SERVED_AT_ONCE, Executor
+from fusevol.volumemanager.reconciler.executor import SERVED_AT_ONCE, Executor
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 NAME = UniqueVolumeName("kubernetes.io/configmap/uid-a-cfg")
 OTHER = UniqueVolumeName("kubernetes.io/configmap/uid-b-cfg")
-LOGGER = "fusevol.reconciler.executor"
+LOGGER = "fusevol.volumemanager.reconciler.executor"
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""`fusevol.fsutil.mkdir_all`: Go's `os.MkdirAll`, the way kubelet makes pod directories."""
+"""`fusevol.base.fsutil.mkdir_all`: Go's `os.MkdirAll`, the way kubelet makes pod directories."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.fsutil import mkdir_all
+from fusevol.base.fsutil import mkdir_all
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

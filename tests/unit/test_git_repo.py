@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.errors import VolumeSetupError
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import GitRepoVolumeSource
 from fusevol.mount import gitrepo
 from tests.gitrepo import make_repository

@@ -1,4 +1,4 @@
-"""`fusevol.heap`: one arena for every thread; the pages that a burst of work freed go back."""
+"""`fusevol.base.heap`: one arena for every thread; the pages that a burst of work freed go back."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from fusevol import heap
+from fusevol.base import heap
 
 ARENAS = """
 import ctypes, os, sys, threading
-from fusevol import heap
+from fusevol.base import heap
 if sys.argv[1] == "one":
     assert heap.one_arena()
 barrier = threading.Barrier(4)

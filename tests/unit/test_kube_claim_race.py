@@ -23,12 +23,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from fusevol.cache.store import ObjectStore
+from fusevol.base.settings import KubeSettings
 from fusevol.kube.provisioned import NODE_LABEL, KubeVolumeRecorder
 from fusevol.model import Kind, ObjectKey, PersistentVolumeClaim, StorageClass
 from fusevol.provision.hostpath import PROVISIONER, ClaimToProvision, HostPathProvisioner
-from fusevol.settings import KubeSettings
 from fusevol.source.kube.source import KubeSource
+from fusevol.volumemanager.cache.store import ObjectStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable

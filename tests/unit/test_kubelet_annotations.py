@@ -11,9 +11,6 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.cache.desired import DesiredState
-from fusevol.cache.seen import FirstSeen, go_timestamp
-from fusevol.cache.store import ObjectStore
 from fusevol.model import (
     DownwardAPIVolumeFile,
     DownwardAPIVolumeSource,
@@ -24,8 +21,11 @@ from fusevol.model import (
     Volume,
     VolumeName,
 )
-from fusevol.populator import ConfigSource, KubeletAnnotations, Populator
 from fusevol.projection.downward import NodeAllocatable, make_payload
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.seen import FirstSeen, go_timestamp
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import ConfigSource, KubeletAnnotations, Populator
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
-from fusevol.cache.store import ObjectStore
-from fusevol.errors import ManifestError
+from fusevol.base.errors import ManifestError
 from fusevol.model import ConfigMap, Kind, ObjectKey, Pod, Secret
 from fusevol.source.local import ManifestSource, is_manifest_name
+from fusevol.volumemanager.cache.store import ObjectStore
 from tests.agent import write_atomically
 
 if TYPE_CHECKING:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import ManifestError
 from fusevol.model import (
     ConfigMap,
     ConfigMapProjection,

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING
 import pytest
 import yaml
 
+from fusevol.base.errors import InvalidPayload, ManifestError, VolumeSetupError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import InvalidPayload, ManifestError, VolumeSetupError
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from fusevol.base.errors import ManifestError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import ManifestError
 from fusevol.model import (
     GitRepoVolumeSource,
     LocalVolumeSource,

@@ -10,20 +10,20 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.cache.desired import DesiredState
-from fusevol.cache.store import ObjectStore
+from fusevol.base.errors import MountError
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import MountError
-from fusevol.layout import Plugin
 from fusevol.model import Pod
 from fusevol.mount.fake import Action, FakeMountBackend
 from fusevol.mount.plugins import MountPlugins
-from fusevol.populator import Populator
+from fusevol.node.layout import Plugin
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fusevol.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.desired import VolumeToServe
 
 POD = """\
 apiVersion: v1

@@ -6,7 +6,7 @@ import posixpath
 
 import pytest
 
-from fusevol.errors import InvalidPayload
+from fusevol.base.errors import InvalidPayload
 from fusevol.model import FileProjection
 from fusevol.projection.paths import (
     clean_path,

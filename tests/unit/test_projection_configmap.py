@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fusevol.errors import InvalidPayload, VolumeSetupError
+from fusevol.base.errors import InvalidPayload, VolumeSetupError
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.errors import InvalidPayload, VolumeSetupError
+from fusevol.base.errors import InvalidPayload, VolumeSetupError
 from fusevol.model import (
     Container,
     DownwardAPIVolumeFile,

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from fusevol.errors import FusevolError, InvalidPayload, VolumeSetupError
+from fusevol.base.errors import FusevolError, InvalidPayload, VolumeSetupError
 from fusevol.model import FileProjection, KeyToPath, ResourceVersion, Secret, SecretVolumeSource
 from fusevol.projection.secret import make_payload
 

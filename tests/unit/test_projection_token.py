@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from fusevol.errors import VolumeSetupError
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import (
     Container,
     Pod,

@@ -14,11 +14,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol import layout
-from fusevol.cache.desired import DesiredState
-from fusevol.cache.store import ObjectStore
-from fusevol.errors import VolumeSetupError
-from fusevol.layout import Plugin
+from fusevol.base.errors import VolumeSetupError
 from fusevol.model import (
     LocalVolumeSource,
     PersistentVolume,
@@ -31,7 +27,8 @@ from fusevol.model import (
     Volume,
     VolumeName,
 )
-from fusevol.populator import Populator
+from fusevol.node import layout
+from fusevol.node.layout import Plugin
 from fusevol.provision.hostpath import (
     PROVISIONED_BY,
     PROVISIONER,
@@ -40,6 +37,9 @@ from fusevol.provision.hostpath import (
     HostPathProvisioner,
 )
 from fusevol.provision.record import ManifestVolumeRecorder
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -6,7 +6,7 @@ from fractions import Fraction
 
 import pytest
 
-from fusevol.quantity import MAX_INT64, milli_value, parse_quantity, value
+from fusevol.base.quantity import MAX_INT64, milli_value, parse_quantity, value
 
 NANO = Fraction(1, 10**9)
 

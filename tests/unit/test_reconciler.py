@@ -22,12 +22,8 @@ import pytest
 import trio
 import trio.testing
 
-from fusevol import layout
-from fusevol.cache.actual import ActualState, MountedVolume, MountState
-from fusevol.cache.desired import DesiredState
-from fusevol.cache.store import ObjectStore
-from fusevol.errors import VolumeSetupError
-from fusevol.layout import Plugin
+from fusevol.base.errors import VolumeSetupError
+from fusevol.base.settings import ReconcileSettings
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,
@@ -39,22 +35,26 @@ from fusevol.model import (
     Volume,
     VolumeName,
 )
-from fusevol.populator import Populator
+from fusevol.node import layout
+from fusevol.node.layout import Plugin
 from fusevol.projection.downward import NodeAllocatable
-from fusevol.reconciler.executor import Executor
-from fusevol.reconciler.loop import Reconciler
-from fusevol.reconciler.reconstruct import remove_pod_dir
-from fusevol.reconciler.volumes import Volumes
-from fusevol.settings import ReconcileSettings
+from fusevol.volumemanager.cache.actual import ActualState, MountedVolume, MountState
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
+from fusevol.volumemanager.reconciler.executor import Executor
+from fusevol.volumemanager.reconciler.loop import Reconciler
+from fusevol.volumemanager.reconciler.reconstruct import remove_pod_dir
+from fusevol.volumemanager.reconciler.volumes import Volumes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable, Iterable
     from pathlib import Path
 
-    from fusevol.cache.desired import VolumeToServe
     from fusevol.fuse.publish import Publisher
     from fusevol.model import KubeObject, ObjectKey
     from fusevol.mount.backend import MountBackend
+    from fusevol.volumemanager.cache.desired import VolumeToServe
 
 SETTINGS = ReconcileSettings()  # kubelet's numbers: resync 60 s, backoff 0.5 s doubling to 122 s
 POLL_S = 2**-6

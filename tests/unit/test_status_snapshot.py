@@ -1,5 +1,5 @@
-"""`fusevol.status.StatusReporter`: the snapshot file is the agent's least urgent work. It is built
-and encoded in steps of `_STEP` pods, with a pause between two steps (where the trio thread
+"""`fusevol.observe.status.StatusReporter`: the snapshot file is the agent's least urgent work. It
+is built and encoded in steps of `_STEP` pods, with a pause between two steps (where the trio thread
 sleeps, if nothing else is to be done, and worker threads get the GIL), so an update never waits
 behind a whole snapshot (`bench/burst.py`: with 2000 pods, one edit of a burst in ten took
 20-30 ms while a snapshot was encoded in one piece)."""
@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING
 import trio
 import trio.testing
 
-from fusevol import layout
-from fusevol.cache.actual import ActualState
-from fusevol.cache.desired import DesiredState
 from fusevol.decode.manifest import parse_manifest
 from fusevol.model import Pod
-from fusevol.reconciler.executor import Executor
-from fusevol.status import _PAUSE_S, _STEP, StatusReporter
+from fusevol.node import layout
+from fusevol.observe.status import _PAUSE_S, _STEP, StatusReporter
+from fusevol.volumemanager.cache.actual import ActualState
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.reconciler.executor import Executor
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Generator

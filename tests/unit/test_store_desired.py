@@ -9,9 +9,6 @@ import pytest
 import trio
 import trio.testing
 
-from fusevol.cache.desired import DesiredState
-from fusevol.cache.store import ObjectStore
-from fusevol.layout import Plugin
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,
@@ -26,7 +23,10 @@ from fusevol.model import (
     Volume,
     VolumeName,
 )
-from fusevol.populator import Populator
+from fusevol.node.layout import Plugin
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
 
 if TYPE_CHECKING:
     from collections.abc import Callable

@@ -1,5 +1,6 @@
-"""fusevol.subpath (a container's mounts resolved as kubelet resolves them) and the pure parts of
-fusevol.runtime (`fusevol wait`/`fusevol mounts`): pods decoded from real manifests."""
+"""fusevol.node.container_mounts (a container's mounts resolved as kubelet resolves them) and the
+pure parts of fusevol.cli.runtime (`fusevol wait`/`fusevol mounts`): pods decoded from real
+manifests."""
 
 from __future__ import annotations
 
@@ -8,11 +9,17 @@ from typing import Any
 
 import pytest
 
-from fusevol import runtime
+from fusevol.base.errors import FusevolError
+from fusevol.cli import runtime
 from fusevol.decode.manifest import parse_manifest
-from fusevol.errors import FusevolError
 from fusevol.model import Pod
-from fusevol.subpath import SubPathError, container_mounts, expand, mount_subpath, resolve
+from fusevol.node.container_mounts import (
+    SubPathError,
+    container_mounts,
+    expand,
+    mount_subpath,
+    resolve,
+)
 
 POD = """\
 apiVersion: v1

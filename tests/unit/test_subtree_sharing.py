@@ -1,6 +1,6 @@
-"""Subtree sharing in `fusevol.reconciler.served`, without FUSE or mounts: which pod volumes share
-one subtree on the agent's mount, that an edit is one publish for all of them, and that a subtree
-goes with its last user only.
+"""Subtree sharing in `fusevol.volumemanager.reconciler.served`, without FUSE or mounts: which pod
+volumes share one subtree on the agent's mount, that an edit is one publish for all of them, and
+that a subtree goes with its last user only.
 
 The publisher is a recording stand-in with the real one's contract (a publish of the content a
 subtree holds already publishes nothing and returns False); the mount backend is
@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, cast
 import pytest
 import trio
 
-from fusevol.cache.desired import DesiredState, VolumeToServe
-from fusevol.cache.store import ObjectStore
 from fusevol.decode.manifest import parse_manifest
 from fusevol.model import Pod
 from fusevol.mount.fake import FakeMountBackend
-from fusevol.populator import Populator
 from fusevol.projection.downward import NodeAllocatable
-from fusevol.reconciler.served import SHARED, ServedVolumes, subtree_name
+from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
+from fusevol.volumemanager.reconciler.served import SHARED, ServedVolumes, subtree_name
 
 if TYPE_CHECKING:
     from fusevol.fuse.publish import Publisher, VolumeDir

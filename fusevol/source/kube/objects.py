@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import cachetools
 import trio
 
-from fusevol.errors import FusevolError
+from fusevol.base.errors import FusevolError
 from fusevol.kube.documents import convert
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
@@ -36,9 +36,9 @@ from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from fusevol.cache.store import ObjectStore
     from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import ObjectKey
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

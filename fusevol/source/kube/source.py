@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.base.settings import ChangeDetection
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.reflector import Query, Reflector
@@ -55,7 +56,6 @@ from fusevol.model import (
     VolumeSource,
     referenced_objects,
 )
-from fusevol.settings import ChangeDetection
 from fusevol.source.kube.objects import (
     FetchedObjects,
     ObjectTracker,
@@ -68,11 +68,11 @@ from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-    from fusevol.cache.desired import VolumeToServe
-    from fusevol.cache.store import ObjectStore
+    from fusevol.base.settings import KubeSettings
     from fusevol.kube.client import KubeClient, Obj
     from fusevol.kube.provisioned import KubeVolumeRecorder
-    from fusevol.settings import KubeSettings
+    from fusevol.volumemanager.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

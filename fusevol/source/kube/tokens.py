@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.errors import FusevolError
+from fusevol.base.errors import FusevolError
 from fusevol.model import (
     ProjectedVolumeSource,
     ResourceVersion,
@@ -41,9 +41,9 @@ from fusevol.model import (
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator
 
-    from fusevol.cache.store import ObjectStore
     from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import ObjectKey, Pod
+    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
 

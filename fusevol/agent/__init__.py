@@ -1,0 +1,1 @@
+"""The agent's process: its lifecycle, from the launcher to the hand-over."""

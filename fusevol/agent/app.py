@@ -1,0 +1,412 @@
+"""The composition root: builds every component in dependency order, starts them in order, stops
+cleanly. Each concern lives in the module named for it: the lock (fusevol.agent.lock), the hand-over
+(fusevol.agent.handover), systemd's notify protocol (fusevol.agent.sdnotify), the metrics wiring
+(fusevol.observe.component_metrics); this module only connects them.
+
+Start-up order (each `nursery.start` returns once the component is ready):
+    1. lock `<root>/fusevol/lock`, so two agents never share a root (a lame duck holds none), and
+       look for a lame duck to release once our binds are stacked;
+    2. detach the dead FUSE mounts a killed predecessor left, and rebuild the actual state from
+       the pod volume directories on the node (reconstruct.py); load the PVs this node
+       provisioned (provision/record.py; with the API source, kube/provisioned.py in 5);
+    3. the FUSE mount, then the publisher that switches versions through it;
+    4. the executor and the status reporter;
+    5. the source (a manifest directory, or the Kubernetes API): returns after its complete
+       initial read (the store is synced);
+    6. the reconciler.
+Two kinds of stop (`stop()`):
+- SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
+  operations in flight are cancelled, but every pod volume stays mounted, as kubelet leaves
+  running pods their volumes. Launched by `fusevol run` (fusevol/agent/launcher.py), the agent then
+  serves on as a lame duck until the next agent has stacked its binds (fusevol/agent/handover.py),
+  so that no read fails; without a launcher its binds turn dead when it exits, and the next agent
+  stacks fresh ones on them (reconstruct.py), which containers see through propagation (README,
+  "Restarts").
+- SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
+  FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
+  unmount waits on a dead server. `fusevol teardown` (fusevol/cli/teardown.py) does the same after a
+  handing-over stop or a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import os
+import signal
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from fusevol.agent import sdnotify
+from fusevol.agent.collector import collect_when_quiet
+from fusevol.agent.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
+from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
+from fusevol.agent.lock import AgentLock
+from fusevol.agent.source_setup import build_source
+from fusevol.fuse import follow_process, snapshot
+from fusevol.fuse.ops import Operations
+from fusevol.fuse.publish import Publisher
+from fusevol.fuse.session import Connection, serve
+from fusevol.mount.linux import LinuxMountBackend
+from fusevol.node import layout
+from fusevol.observe import component_metrics
+from fusevol.observe.http import HealthServer
+from fusevol.observe.metrics import Metrics
+from fusevol.observe.status import StatusReporter
+from fusevol.projection.downward import node_allocatable
+from fusevol.provision.hostpath import HostPathProvisioner
+from fusevol.volumemanager.cache.actual import ActualState
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.seen import FirstSeen
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import ConfigSource, KubeletAnnotations, Populator
+from fusevol.volumemanager.reconciler.executor import Executor
+from fusevol.volumemanager.reconciler.loop import Reconciler
+from fusevol.volumemanager.reconciler.reconstruct import (
+    detach_dead_fuse_mounts,
+    reconstruct,
+    remove_pod_dirs,
+    unmount_all_below,
+)
+from fusevol.volumemanager.reconciler.volumes import Volumes
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from fusevol.base.settings import Settings
+    from fusevol.csi.server import CsiServer
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT_S = 60.0
+"""A stop gives up on unmounting after this long (a hung mount helper) and exits anyway."""
+
+
+class Agent:
+    """Every long-lived component, wired together. `run()` serves until cancelled."""
+
+    def __init__(self, settings: Settings, *, launcher: Launcher | None = None) -> None:
+        """`launcher`: the link to `fusevol run`'s launcher process, if this agent has one; only
+        then does a handing-over stop keep serving as a lame duck (fusevol.agent.handover)."""
+        self.settings = settings
+        root = settings.root
+        self.backend = LinuxMountBackend(command_timeout_s=settings.mount.command_timeout_s)
+        self.metrics = Metrics()
+        self.store = ObjectStore()
+        self.desired = DesiredState()
+        self.actual = ActualState()
+        self.tree, self._journal, self._take_over = snapshot.fuse_state(
+            None if launcher is None else launcher.take_over, launched=launcher is not None
+        )
+        self.publisher = Publisher(
+            self.tree,
+            mountpoint=layout.fuse_mountpoint(root),
+            grace_s=settings.fuse.old_version_grace_s,
+        )
+        if self._take_over is not None:
+            self.publisher.adopt()
+        self.operations = Operations(
+            self.tree,
+            is_agent=self.publisher.is_publisher,
+            entry_timeout_s=settings.fuse.entry_timeout_s,
+            attr_timeout_s=settings.fuse.attr_timeout_s,
+        )
+        self.executor = Executor(
+            initial_backoff_s=settings.reconcile.initial_backoff_s,
+            max_backoff_s=settings.reconcile.max_backoff_s,
+            on_finished=component_metrics.operation_observer(self.metrics),
+        )
+        self.volumes = Volumes(
+            root=root,
+            store=self.store,
+            publisher=self.publisher,
+            backend=self.backend,
+            allocatable=node_allocatable(settings.node_allocatable),
+            observe_propagation=self.metrics.update_propagation.observe,
+            git_timeout_s=settings.mount.git_timeout_s,
+        )
+        built = build_source(settings, self.store)
+        self.source = built.source
+        self._manifest_recorder = built.manifest_recorder
+        self.provisioner = HostPathProvisioner(
+            root=root, node_name=settings.node_name, store=self.store, recorder=built.recorder
+        )
+        self.status = StatusReporter(
+            root=root,
+            node_name=settings.node_name,
+            desired=self.desired,
+            actual=self.actual,
+            executor=self.executor,
+            statistics=self.statistics,
+            object_versions=self.volumes.object_versions,
+            at_rest=self._tidy,
+        )
+        self.reconciler = Reconciler(
+            store=self.store,
+            populator=Populator(
+                store=self.store,
+                desired=self.desired,
+                provisioner=self.provisioner,
+                annotations=KubeletAnnotations(
+                    ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
+                    FirstSeen(path=layout.first_seen_file(root)),
+                ),
+                pod_volumes=settings.csi is None,  # CSI: what kubelet publishes, only
+            ),
+            desired=self.desired,
+            actual=self.actual,
+            executor=self.executor,
+            volumes=self.volumes,
+            resync_interval_s=settings.reconcile.resync_interval_s,
+            on_pass=self.status.changed,
+            on_volume_failed=self.source.volume_failed,
+            provisioner=self.provisioner,
+        )
+        self.http = HealthServer(
+            host=settings.http.host,
+            port=settings.http.port,
+            metrics=self.metrics,
+            healthy=lambda: self._fuse_up,
+            ready=lambda: self.store.synced and self.reconciler.passes > 0,
+            status=self.status.snapshot,
+        )
+        component_metrics.register(
+            self.metrics,
+            desired=self.desired,
+            actual=self.actual,
+            store=self.store,
+            tree=self.tree,
+            operations=self.operations,
+        )
+        # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
+        self.csi: CsiServer | None = None
+        if settings.csi is not None:
+            from fusevol.csi.node import CsiNode
+            from fusevol.csi.server import CsiServer
+
+            self.csi = CsiServer(
+                endpoint=settings.csi.endpoint,
+                node=CsiNode(
+                    state_path=layout.csi_file(root),
+                    kubelet_dir=settings.csi.kubelet_dir,
+                    node_name=settings.node_name,
+                    store=self.store,
+                    desired=self.desired,
+                    actual=self.actual,
+                    executor=self.executor,
+                    volumes=self.volumes,
+                    kick=self.reconciler.kick,
+                    is_mount_point=self.backend.is_mount_point,
+                    track=built.csi_track,
+                    source_name=built.name,
+                ),
+                ready=lambda: self._fuse_up and self.store.synced and self.reconciler.passes > 0,
+            )
+        self._fuse_up = False
+        self.handover = False
+        """Set by `stop()`: leave the pod volumes mounted for the next agent."""
+        self._launcher = launcher
+        self._active = trio.CancelScope()
+        self._publisher_scope = trio.CancelScope()
+        self._lame_duck = trio.CancelScope(shield=True)
+        self._detached = False
+        """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
+        self._fuse_scope = trio.CancelScope(shield=True)
+        self._connection: Connection | None = None
+        """Our FUSE connection, once the launcher holds it too (`_connected`)."""
+
+    def statistics(self) -> dict[str, Any]:
+        """Every component's counters, for the status snapshot."""
+        return {
+            "fuse_tree": dataclasses.asdict(self.tree.statistics()),
+            "publisher": dataclasses.asdict(self.publisher.statistics()),
+            "executor": dataclasses.asdict(self.executor.statistics()),
+            "store": dataclasses.asdict(self.store.statistics()),
+            "source": dataclasses.asdict(self.source.statistics()),
+        }
+
+    def _tidy(self) -> None:
+        """At rest (the status reporter's quiet times, while we reconcile): compact the journal."""
+        if self._journal is not None:
+            self._journal.tidy()
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        root = self.settings.root
+        lock = await AgentLock.acquire(root, self.backend)  # (1)
+        try:
+            predecessor = await find_predecessor(layout.handover_socket(root))
+            if self._take_over is None:  # else our predecessor's mount is alive: ours now
+                await detach_dead_fuse_mounts(self.backend, root)  # (2)
+            found = reconstruct(root)
+            for volume in found:
+                self.actual.mark_mounted(volume)
+            if self._manifest_recorder is not None:
+                self._manifest_recorder.load()  # the PVs this node provisioned, before any source
+            layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
+            if self._take_over is None:  # (its stat would wait for our own FUSE server)
+                layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
+            # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
+            # so it is shielded from outside cancellation and stopped here, last.
+            fuse_scope = self._fuse_scope
+            async with trio.open_nursery() as fuse_nursery:
+                await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
+                self.backend.mount_points()  # the table learns our mount: pyfuse3 made it
+                self.backend.start_helper()
+                await fuse_nursery.start(self._run_publisher)
+                try:
+                    with self._active:
+                        async with trio.open_nursery() as nursery:
+                            await nursery.start(self.executor.run)  # (4)
+                            await nursery.start(self.status.run)
+                            if self.settings.http.port >= 0:
+                                await nursery.start(self.http.run)
+                            nursery.start_soon(sdnotify.watchdog)
+                            nursery.start_soon(collect_when_quiet, self.store)
+                            await nursery.start(self.source.run)  # (5)
+                            await nursery.start(self.reconciler.run)  # (6)
+                            if self.csi is not None:  # CSI node plugin: after the reconciler
+                                await nursery.start(self.csi.run)
+                                found = [*found, *self.csi.node.restored]  # a lame duck's too
+                            if predecessor is not None:
+                                release = functools.partial(
+                                    release_once_set_up,
+                                    predecessor,
+                                    actual=self.actual,
+                                    found=[volume.name for volume in found],
+                                )
+                                nursery.start_soon(release)
+                            log.info("ready root=%s node=%s", root, self.settings.node_name)
+                            sdnotify.notify(sdnotify.READY)
+                            task_status.started()
+                finally:
+                    sdnotify.notify(sdnotify.STOPPING)
+                    try:
+                        if self.handover:
+                            lock.mark_handing_over()
+                            log.info("handing over: pod volumes stay mounted for the next agent")
+                        else:
+                            await self._tear_down(predecessor)
+                        self._publisher_scope.cancel()
+                        if self.handover and self._launcher is not None:
+                            with self._lame_duck:
+                                await be_lame_duck(
+                                    root,
+                                    let_go=lambda: self._let_go(lock),
+                                    hand_over=self._hand_over if self._connection else None,
+                                )
+                    finally:  # whatever failed above: the FUSE server must stop, or we never exit
+                        fuse_scope.cancel()
+                        fuse_nursery.cancel_scope.cancel()
+        finally:
+            lock.release()
+            self.backend.close()
+            if self._launcher is not None:
+                self._launcher.close()
+
+    async def _tear_down(self, predecessor: Predecessor | None) -> None:
+        """SIGINT's stop: every pod volume unmounted, the pod directories removed."""
+        root = self.settings.root
+        with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
+            await self.reconciler.unmount_all()
+            await unmount_all_below(self.backend, layout.pods_dir(root))
+            await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
+            await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
+        if predecessor is not None:  # its binds went with ours
+            with trio.CancelScope(shield=True):
+                await predecessor.release()
+
+    def _let_go(self, lock: AgentLock) -> None:
+        """A lame duck's mountpoint is detached: release the lock and the launcher, which exits."""
+        assert self._launcher is not None
+        self._detached = True
+        lock.release()
+        self._launcher.detach()
+
+    async def _hand_over(self) -> list[int]:
+        """Stop answering FUSE (what we read but did not answer, the successor gets again) and
+        return our connection's descriptors for the successor (fusevol.agent.handover)."""
+        assert self._connection is not None
+        assert self._journal is not None
+        self._detached = True  # the mount is the successor's now: never unmount it
+        fuse_fd = os.dup(self._connection.fd)  # pyfuse3 closes its own as it stops
+        self._fuse_scope.cancel()
+        while self._fuse_up:  # noqa: ASYNC110 - a few ms: the FUSE tasks end at once
+            await trio.sleep(0.001)
+        log.info("handing the FUSE connection over to the next agent")
+        return [fuse_fd, self._journal.fd]
+
+    def stop(self, *, handover: bool) -> None:
+        """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
+        serving them as a lame duck until the next agent has stacked its binds)."""
+        self.handover = handover
+        self._active.cancel()
+
+    def end_lame_duck(self) -> None:
+        """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""
+        self._lame_duck.cancel()
+
+    async def _run_publisher(self, *, task_status: trio.TaskStatus[None]) -> None:
+        with self._publisher_scope:
+            await self.publisher.run(task_status=task_status)
+
+    async def _serve_fuse(
+        self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
+    ) -> None:
+        mountpoint = layout.fuse_mountpoint(self.settings.root)
+        with scope:
+            try:
+                self._fuse_up = True
+                await serve(
+                    self.operations,
+                    mountpoint,
+                    max_tasks=self.settings.fuse.max_tasks,
+                    unmount=lambda: not self._detached,
+                    take_over=self._take_over,
+                    connected=self._connected,
+                    task_status=task_status,
+                )
+            finally:
+                self._fuse_up = False
+
+    def _connected(self, connection: Connection) -> None:
+        """The kernel's INIT is answered: have the launcher keep the connection and our tree's
+        state, so that a successor takes them over if we die (fusevol.agent.launcher)."""
+        if self._launcher is None or self._journal is None:
+            return
+        self._journal.write_init(connection.init_request)
+        self._launcher.hold(connection.fd, self._journal.fd)
+        sdnotify.store_fds(FDNAME_FUSE, [connection.fd])  # under systemd: a kill -9 of the whole
+        sdnotify.store_fds(FDNAME_STATE, [self._journal.fd])  # service keeps them too
+        self._connection = connection
+        log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
+
+
+async def run_until_signalled(settings: Settings) -> None:
+    """Run the agent until SIGTERM (then hand over) or SIGINT (then tear down); a SIGINT to a
+    lame duck ends it at once."""
+    agent = Agent(settings, launcher=Launcher.from_environment())
+    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(_stop_on_signals, agent, signals)
+            await agent.run()
+            nursery.cancel_scope.cancel()
+
+
+async def _stop_on_signals(agent: Agent, signals: AsyncIterator[int]) -> None:
+    stopping = False
+    async for signum in signals:
+        if stopping:
+            if signum == signal.SIGINT:
+                log.info("SIGINT: no more waiting for a successor")
+                agent.end_lame_duck()
+            continue
+        stopping = True
+        handover = signum == signal.SIGTERM
+        log.info(
+            "stopping on %s: %s",
+            signal.Signals(signum).name,
+            "hand over" if handover else "tear down",
+        )
+        agent.stop(handover=handover)

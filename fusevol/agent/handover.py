@@ -1,0 +1,218 @@
+"""The hand-over of an upgrade-restart: a stopping agent keeps answering FUSE until its successor
+has stacked its binds, so that a container reading its volume never sees a failed read.
+
+The pod volume binds of a served volume all show subtrees of the agent's one FUSE mount: they work
+exactly as long as its process answers. On SIGTERM a launched agent (`fusevol.agent.launcher`)
+becomes a *lame duck*: it stops reconciling and watching its source, detaches its own FUSE
+mountpoint (the superblock lives on through the pod binds), releases the agent lock, tells its
+launcher, which exits (the stop systemd or a test waits for is over), and goes on answering FUSE
+requests for what it served. The successor takes the lock, mounts a FUSE file system of its own,
+stacks a fresh bind on each old one (`fusevol.volumemanager.reconciler.reconstruct`), and then says
+so on the lame duck's unix socket (`layout.handover_socket`); the lame duck exits without unmounting
+anything. Its binds, covered, turn dead and go when their volume is torn down.
+
+Exactly one agent reconciles at a time: the lock. A lame duck holds no lock and changes nothing;
+it only answers reads. It gives up after `LAME_DUCK_S` without a successor (a plain stop): its
+binds then turn dead as after a crash, and the next agent recovers them the same way.
+
+Protocol: the successor connects and keeps the connection while it sets up; once every volume it
+found on the node is set up again (or torn down), it sends `STACKED` and closes. A lame duck that
+loses the connection without `STACKED` (its successor crashed) waits for the next one.
+
+Taking over (a lame duck whose connection can be taken over, `fusevol.fuse.snapshot`): its FUSE
+mountpoint stays attached, and the successor's launcher (`fusevol.agent.launcher.take_over_from`)
+sends `TAKE_OVER` instead; the lame duck stops reading `/dev/fuse` (the requests it read but did
+not answer are sent again to the successor: FUSE_NOTIFY_RESEND), answers with its `/dev/fuse`
+and state descriptors (SCM_RIGHTS), and exits. Readers wait meanwhile; none fails, whatever
+their mount propagation, and no bind is stacked.
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import errno
+import logging
+import os
+import socket
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.node import layout
+from fusevol.volumemanager.cache.actual import MountState
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterable
+    from pathlib import Path
+
+    from fusevol.model import UniqueVolumeName
+    from fusevol.volumemanager.cache.actual import ActualState
+
+log = logging.getLogger(__name__)
+
+STACKED = b"stacked\n"
+TAKE_OVER = b"take-over\n"
+LAME_DUCK_S = 60.0
+"""How long a lame duck waits for a successor to stack its binds before it exits anyway."""
+LINGER_S = 1.0
+"""How long a released lame duck still answers: a reader that resolved a path on an old bind just
+before the new one was stacked on it still reaches us (seen under load: 1 failed read in 71)."""
+RELEASE_WAIT_S = 30.0
+"""How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
+
+
+async def be_lame_duck(
+    root: Path,
+    *,
+    let_go: Callable[[], None],
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+) -> bool:
+    """A launched agent's handing-over stop, once it has stopped reconciling: keep answering
+    FUSE (the caller's server goes on) for the pod binds until the next agent has taken our
+    connection over, or stacked its own binds. Returns True if a successor did, False after
+    LAME_DUCK_S without one.
+
+    (1) listen on the hand-over socket; (2) unless we can be taken over (`hand_over`: stops our
+    FUSE server and returns the descriptors for the successor), detach our FUSE mountpoint lazily
+    (no abort: the pod binds keep the connection), so the successor mounts afresh at the same
+    place; (3) `let_go()`: the caller releases the agent lock and its launcher, which exits; (4)
+    wait, and after a stacking successor answer LINGER_S more for the readers already on their
+    way to an old bind."""
+    taken_over: list[bool] = []
+
+    async def give() -> list[int]:
+        assert hand_over is not None
+        taken_over.append(True)
+        return await hand_over()
+
+    async with trio.open_nursery() as nursery:
+        outcome: list[bool] = []
+
+        async def listen(*, task_status: trio.TaskStatus[None]) -> None:
+            path = layout.handover_socket(root)
+            outcome.append(
+                await serve_as_lame_duck(
+                    path, hand_over=give if hand_over else None, task_status=task_status
+                )
+            )
+
+        await nursery.start(listen)  # (1)
+        if hand_over is None:
+            mountpoint = layout.fuse_mountpoint(root)
+            await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)  # (2)
+        let_go()  # (3)
+        log.info(
+            "lame duck: serving pod volumes until the next agent %s",
+            "takes the connection over" if hand_over else "has stacked its binds",
+        )
+    stacked = outcome == [True]  # (4)
+    if stacked and not taken_over:
+        await trio.sleep(LINGER_S)
+    log.info(
+        "lame duck done: %s",
+        "the next agent took the connection over"
+        if taken_over
+        else "the next agent has stacked its binds"
+        if stacked
+        else "no successor",
+    )
+    return stacked
+
+
+async def serve_as_lame_duck(
+    path: Path,
+    *,
+    timeout_s: float = LAME_DUCK_S,
+    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> bool:
+    """Listen at `path` until a successor sends `STACKED` or takes the connection over (True), or
+    `timeout_s` passes (False).
+
+    `hand_over()` stops our FUSE server and returns the descriptors to send a successor that asks
+    to take over (None: we cannot be taken over, and such a request is refused by closing).
+    Reports started once listening: the caller releases the agent lock only then, so a successor
+    that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    await listener.bind(str(path))
+    own = os.stat(path).st_ino
+    listener.listen(4)
+    try:
+        task_status.started()
+        with trio.move_on_after(timeout_s):
+            while True:
+                connection, _ = await listener.accept()
+                with connection:
+                    received = b""
+                    while chunk := await connection.recv(64):
+                        received += chunk
+                        if received == TAKE_OVER and hand_over is not None:
+                            fds = await hand_over()
+                            rights = array.array("i", fds).tobytes()
+                            await connection.sendmsg(
+                                [TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                            )
+                            return True
+                if received.startswith(STACKED):
+                    return True
+                log.info("the successor left without stacking its binds: waiting for the next")
+        return False
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == own:  # not a later lame duck's
+                os.unlink(path)
+
+
+class Predecessor:
+    """A connection to a lame duck, found by `find_predecessor`."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+
+    async def release(self) -> None:
+        """Tell the lame duck our binds are stacked on its (or that its are gone): it may exit.
+        Idempotent."""
+        if self._sock.fileno() == -1:
+            return
+        with self._sock, contextlib.suppress(OSError):
+            await self._sock.send(STACKED)
+
+
+async def release_once_set_up(
+    predecessor: Predecessor, *, actual: ActualState, found: Iterable[UniqueVolumeName]
+) -> None:
+    """Tell the lame duck we hold every volume we `found` on the node (set up again, or torn
+    down), or that we gave up waiting after RELEASE_WAIT_S: it may exit."""
+    names = list(found)
+
+    def uncertain() -> int:
+        return sum(
+            1
+            for name in names
+            if (volume := actual.get(name)) is not None and volume.state is MountState.UNCERTAIN
+        )
+
+    with trio.move_on_after(RELEASE_WAIT_S):
+        while uncertain():  # noqa: ASYNC110 - set-ups mark no event; a 10 ms poll is cheap
+            await trio.sleep(0.01)
+    if uncertain():
+        log.warning("releasing the previous agent with %d volumes not set up", uncertain())
+    await predecessor.release()
+    log.info("previous agent released: our binds are stacked on its")
+
+
+async def find_predecessor(path: Path) -> Predecessor | None:
+    """The lame duck serving at `path`, or None if there is none (no socket, nobody listening)."""
+    sock = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        await sock.connect(str(path))
+    except OSError as exc:
+        sock.close()
+        if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
+            log.warning("cannot reach a previous agent at %s: %s", path, exc)
+        return None
+    return Predecessor(sock)

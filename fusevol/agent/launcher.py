@@ -1,0 +1,269 @@
+"""`fusevol run`'s main process: a thin launcher that runs the agent as its child, and keeps the
+agent's FUSE connection alive across the agent's death.
+
+Why: no read in a container may fail when the agent restarts. A FUSE connection lives as long as
+some process holds a descriptor of `/dev/fuse`; while it lives, readers wait instead of failing.
+So once the kernel's INIT has been answered, the agent sends the launcher a duplicate of that
+descriptor and of the memfd holding its served tree (`fusevol.fuse.snapshot`), over their
+socketpair (SCM_RIGHTS). Whoever stops the service (systemd, a test) waits for the *main*
+process to exit; the launcher is that process.
+
+- The child killed (kill -9, OOM, a fatal signal) while the launcher holds its connection: the
+  launcher forks a new child at once, which takes the connection over (`FUSEVOL_TAKE_OVER`: the
+  two descriptors it inherits) and answers for everything its predecessor served; readers pause,
+  none fails. A child that dies before it has taken the connection over (sent it back) is a
+  failed restart: after `RESTARTS` failed restarts in a row, the launcher exits as below.
+- SIGTERM: forwarded; the child stops reconciling, releases the agent lock and writes `LAME_DUCK`
+  on the launcher's socket; the launcher exits 0 at once, the child serves on alone
+  (`fusevol.agent.handover`).
+- SIGINT (Ctrl-C, the tear-down): forwarded; the launcher waits for the child and exits
+  with its status. The child has a process group of its own, so a terminal's Ctrl-C reaches it
+  once.
+- SIGKILL of the launcher (a crash): the child asked for SIGKILL at its parent's death
+  (PR_SET_PDEATHSIG), so the whole agent dies as before, and the connection with it, unless
+  systemd keeps it: the agent also puts both descriptors in the unit's file descriptor store
+  (`fusevol.agent.sdnotify.store_fds`, names `FDNAME_FUSE`, `FDNAME_STATE`), and systemd hands them
+  to the next start (`$LISTEN_FDS`), whose first child takes them over. The child drops its
+  SIGKILL request only when it becomes a lame duck.
+- The child's exit (an error, a refused lock): the launcher exits with its status.
+
+It runs nothing of the agent (no trio loop, no threads), but `fusevol.cli` has imported the
+agent's modules before the first fork, so that a child forked after a crash serves again within
+a fraction of a second instead of spending one or two seconds on imports first (readers wait
+meanwhile). `Launcher` is the child's end of the link.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+    from types import FrameType
+
+LAUNCHER_FD_ENV = "FUSEVOL_LAUNCHER_FD"
+"""Set by the launcher in its child's environment: the socket on which the child says `LAME_DUCK`
+or sends `CONNECTION` with its descriptors."""
+TAKE_OVER_ENV = "FUSEVOL_TAKE_OVER"
+"""`<fuse fd>,<state fd>`: the connection a restarted child takes over (descriptors it inherits)."""
+FDNAME_FUSE = "fusevol-fuse"
+FDNAME_STATE = "fusevol-state"
+"""Names of the two descriptors in systemd's file descriptor store."""
+LAME_DUCK = b"L"
+TAKE_OVER = b"take-over\n"
+"""What the next launcher sends a lame duck to take its connection over
+(`fusevol.agent.handover`)."""
+CONNECTION = b"C"
+RESTARTS = 5
+_PR_SET_PDEATHSIG = 1
+
+
+class Launcher:
+    """The child's side of the link to its launcher (`launch`)."""
+
+    def __init__(self, fd: int, *, take_over: tuple[int, int] | None = None) -> None:
+        self._fd = fd
+        self.take_over = take_over
+        """(fuse fd, state memfd) of the connection to take over, if the launcher restarted us."""
+
+    @classmethod
+    def from_environment(cls) -> Launcher | None:
+        """The launcher of this process, if it was launched by one."""
+        value = os.environ.pop(LAUNCHER_FD_ENV, "")
+        take_over = os.environ.pop(TAKE_OVER_ENV, "")
+        if not value.isdigit():
+            return None
+        os.set_inheritable(int(value), False)  # not for mount helpers or publisher helpers
+        fds = tuple(int(fd) for fd in take_over.split(",") if fd.isdigit())
+        for fd in fds:
+            os.set_inheritable(fd, False)
+        return cls(int(value), take_over=(fds[0], fds[1]) if len(fds) == 2 else None)
+
+    def hold(self, fuse_fd: int, state_fd: int) -> None:
+        """Have the launcher keep duplicates of our FUSE connection and state memfd: they then
+        outlive us, and a restarted agent takes them over."""
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as sock:
+            socket.send_fds(sock, [CONNECTION], [fuse_fd, state_fd])
+
+    def detach(self) -> None:
+        """Outlive the launcher: drop the SIGKILL it asked for at its death (a kill -9 of the
+        launcher is a crash of the agent), then tell it that it may exit."""
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
+        # Never again a notification to systemd from this process: the next agent is the service.
+        os.environ.pop("NOTIFY_SOCKET", None)
+        with contextlib.suppress(OSError):
+            os.write(self._fd, LAME_DUCK)
+        self.close()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class _Held:
+    """The connection the launcher keeps for the next child: (fuse fd, state fd), or none."""
+
+    def __init__(self) -> None:
+        self.fds: tuple[int, int] | None = None
+        self.fresh = False
+        """Sent by the current child: it serves the connection (a restart that worked)."""
+
+    def replace(self, fds: list[int]) -> None:
+        self.close()
+        if len(fds) == 2:
+            self.fds = (fds[0], fds[1])
+            self.fresh = True
+        else:
+            for fd in fds:
+                os.close(fd)
+
+    def close(self) -> None:
+        for fd in self.fds or ():
+            os.close(fd)
+        self.fds = None
+
+
+def launch(handover_socket: Path | None = None) -> int | None:
+    """Fork the agent. Returns None in the child, which goes on to run the agent (`fusevol.cli`),
+    and the exit status for `fusevol run` in the launcher, once it may exit.
+
+    A lame duck listening at `handover_socket` (an upgrade-restart) is asked for its connection
+    first (a lame duck still serving must stop before anyone else serves); else the connection
+    systemd kept in its file descriptor store, if any (`$LISTEN_FDS`). The first child then takes
+    it over as after a crash.
+
+    A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
+    launcher has parsed the arguments and imported the agent, but started nothing of it."""
+    held = _Held()
+    if handover_socket is not None and (fds := take_over_from(handover_socket)) is not None:
+        held.replace(list(fds))
+        _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
+    else:
+        held.replace(_listen_fds())
+    held.fresh = False  # until our first child has taken it over
+    stopping = False
+    failed_restarts = 0
+    child = 0
+
+    def forward(signum: int, _frame: FrameType | None) -> None:
+        nonlocal stopping
+        stopping = True
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signum)
+
+    while True:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        child = _fork(theirs, held.fds)
+        if child == 0:
+            ours.close()
+            return None
+        theirs.close()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, forward)
+        with ours:
+            status = _wait(ours, child, held)
+        if status is None:  # a lame duck serves on alone
+            held.close()
+            return 0
+        failed_restarts = 0 if held.fresh else failed_restarts + 1
+        held.fresh = False
+        killed = os.WIFSIGNALED(status)
+        if stopping or not killed or held.fds is None or failed_restarts >= RESTARTS:
+            held.close()
+            return _status(status)
+        print(
+            f"fusevol: the agent was killed by {signal.Signals(os.WTERMSIG(status)).name}:"
+            " a new one takes its FUSE connection over",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+def take_over_from(path: Path, *, timeout_s: float = 5.0) -> tuple[int, int] | None:
+    """Ask the lame duck at `path` (`fusevol.agent.handover`) for its FUSE connection: (fuse fd,
+    state fd), or None if there is no lame duck or it cannot be taken over (a lame duck of a version
+    without takeover does not answer: `timeout_s` later the next agent stacks its binds, the old
+    way)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout_s)
+        try:
+            sock.connect(str(path))
+            sock.sendall(TAKE_OVER)
+            message, fds, _, _ = socket.recv_fds(sock, 64, 2)
+        except OSError:
+            return None
+    if message != TAKE_OVER or len(fds) != 2:
+        for fd in fds:
+            os.close(fd)
+        return None
+    return fds[0], fds[1]
+
+
+def _listen_fds() -> list[int]:
+    """(fuse fd, state fd) from systemd's file descriptor store, given to this process at start
+    (sd_listen_fds_with_names: `$LISTEN_PID`, `$LISTEN_FDS` from fd 3, `$LISTEN_FDNAMES`), or []."""
+    pid = os.environ.pop("LISTEN_PID", "")
+    count = os.environ.pop("LISTEN_FDS", "")
+    names = os.environ.pop("LISTEN_FDNAMES", "").split(":")
+    if pid != str(os.getpid()) or not count.isdigit():
+        return []
+    named = dict(zip(names, range(3, 3 + int(count)), strict=False))
+    for fd in range(3, 3 + int(count)):
+        os.set_inheritable(fd, False)  # for our children only through FUSEVOL_TAKE_OVER
+    wanted = [named.get(FDNAME_FUSE), named.get(FDNAME_STATE)]
+    _close_all([fd for fd in range(3, 3 + int(count)) if fd not in wanted])
+    return [fd for fd in wanted if fd is not None] if None not in wanted else []
+
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _fork(theirs: socket.socket, held: tuple[int, int] | None) -> int:
+    parent = os.getpid()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return pid
+    os.setpgid(0, 0)  # a terminal's Ctrl-C reaches the launcher, which forwards it once
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # the launcher died before prctl took effect
+        os._exit(1)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, signal.SIG_DFL)
+    os.environ[LAUNCHER_FD_ENV] = str(theirs.detach())
+    if held is not None:
+        os.environ[TAKE_OVER_ENV] = f"{held[0]},{held[1]}"
+    # systemd's watchdog: the child pings (NotifyAccess=all); WATCHDOG_PID names the launcher.
+    os.environ.pop("WATCHDOG_PID", None)
+    return 0
+
+
+def _wait(sock: socket.socket, child: int, held: _Held) -> int | None:
+    """Serve the child's messages until it exits (its wait status) or becomes a lame duck
+    (None)."""
+    while True:
+        message, fds, _, _ = socket.recv_fds(sock, 16, 2)  # retried after a signal (PEP 475)
+        if message == LAME_DUCK:
+            return None
+        if message == CONNECTION:
+            held.replace(fds)
+            continue
+        for fd in fds:
+            os.close(fd)
+        if not message:  # the child exited
+            return os.waitpid(child, 0)[1]
+
+
+def _status(wait_status: int) -> int:
+    code = os.waitstatus_to_exitcode(wait_status)
+    return 128 - code if code < 0 else code  # killed by signal N: 128 + N

@@ -1,0 +1,84 @@
+"""Which source the settings ask for, and what the agent needs of it (`build_source`).
+
+A manifest directory (`fusevol.source.local`) or the Kubernetes API (`fusevol.source.kube`); with
+each, where the hostpath provisioner records the PVs it creates (the agent's own record,
+`fusevol.provision.record`, or PV objects through the API, `fusevol.kube.provisioned`), and how
+the CSI plugin has the source keep a published volume's objects current.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from fusevol.base.errors import FusevolError
+from fusevol.node import layout
+from fusevol.provision.hostpath import PROVISIONER
+from fusevol.provision.record import ManifestVolumeRecorder
+from fusevol.source.local import ManifestSource
+
+if TYPE_CHECKING:
+    import trio
+
+    from fusevol.base.settings import Settings
+    from fusevol.csi.node import Tracker
+    from fusevol.provision.hostpath import VolumeRecorder
+    from fusevol.volumemanager.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
+
+
+class Source(Protocol):
+    """Where pods and the objects they reference come from: a manifest directory
+    (fusevol.source.local) or the Kubernetes API (fusevol.source.kube)."""
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = ...) -> None:
+        """Deliver the complete initial state to the store, report started, then follow it."""
+
+    def volume_failed(self, volume: VolumeToServe, error: str) -> None:
+        """Record a failed set-up or refresh where the source's users see it."""
+
+    def statistics(self) -> Any:
+        """A frozen dataclass of counters, for the status snapshot."""
+
+
+class BuiltSource(NamedTuple):
+    source: Source
+    recorder: VolumeRecorder
+    """Where provisioned PVs are recorded: through the API, or in the agent's own file."""
+    manifest_recorder: ManifestVolumeRecorder | None
+    """The agent's own record, which it loads before any source runs (manifests only)."""
+    csi_track: Tracker | None
+    """How the CSI plugin has the source keep a published volume's objects current (the API
+    source's `track`; None for manifests, which hold every object of their directory)."""
+    name: str
+    """The source in the CSI plugin's refusals."""
+
+
+def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
+    """The source the settings ask for, and what the agent needs of it."""
+    if settings.kube is not None:
+        # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+        from fusevol.kube.client import KubeClient
+        from fusevol.kube.provisioned import KubeVolumeRecorder
+        from fusevol.source.kube.source import KubeSource
+
+        client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+        recorder = KubeVolumeRecorder(
+            client=client, node_name=settings.node_name, provisioner=PROVISIONER
+        )
+        source = KubeSource(
+            client=client,
+            node_name=settings.node_name,
+            store=store,
+            settings=settings.kube,
+            recorder=recorder,
+        )
+        return BuiltSource(source, recorder, None, source.track, "API source")
+    if settings.manifests is None:
+        raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
+    manifest_recorder = ManifestVolumeRecorder(
+        path=layout.provisioned_file(settings.root), store=store
+    )
+    manifests = ManifestSource(
+        directory=settings.manifests, node_name=settings.node_name, store=store
+    )
+    return BuiltSource(manifests, manifest_recorder, manifest_recorder, None, "manifest source")

@@ -1,0 +1,454 @@
+"""Command line: argv and `FUSEVOL_*` environment variables -> Settings -> the agent.
+
+    fusevol run [--manifests DIR | --kubeconfig PATH | --source kubernetes]
+                [--change-detection Watch|Cache|Get] [--root DIR] [--node-name NAME] ...
+    fusevol status [--root DIR] [--json]
+    fusevol teardown [--root DIR]
+    fusevol wait [--root DIR] POD [--timeout 2m]
+    fusevol mounts [--root DIR] POD --container NAME [--format ctr|oci|json]
+
+The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
+source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
+`--source kubernetes` also selects it with the standard kubeconfig resolution (`$KUBECONFIG`,
+`~/.kube/config`).
+Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
+dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins. An empty
+variable counts as unset; a value the flag would not take is bad usage, named by its variable,
+unless the flag is given. The defaults are `fusevol.base.settings`'.
+Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from fusevol import __version__
+from fusevol.agent import preflight
+from fusevol.agent.launcher import LAUNCHER_FD_ENV, launch
+from fusevol.base import heap, log
+from fusevol.base.errors import FusevolError
+from fusevol.base.settings import (
+    DEFAULT_KUBELET_DIR,
+    DEFAULT_ROOT as DEFAULT_ROOT,  # the default the deployment files repeat (tests/deploy)
+    ChangeDetection,
+    CsiSettings,
+    HttpSettings,
+    KubeSettings,
+    Settings,
+)
+from fusevol.node import layout
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator, Sequence
+
+DESCRIPTION = (
+    "A Kubernetes node agent for pod volumes: ConfigMap, Secret, downwardAPI and projected "
+    "volumes served from memory through FUSE, in kubelet's layout; nfs, local, hostPath, "
+    "emptyDir and gitRepo volumes mounted as kubelet mounts them."
+)
+RUN_EPILOG = (
+    "Every flag is also an environment variable FUSEVOL_<FLAG>, upper case, dashes as "
+    "underscores (FUSEVOL_ROOT, FUSEVOL_HTTP_PORT, ...); a flag on the command line wins. The "
+    "defaults shown include those set so. SIGTERM hands over (pod volumes stay mounted for the "
+    "next agent); SIGINT (Ctrl-C) unmounts every pod volume."
+)
+ROOT_HELP = "the agent's root: pod volumes under DIR/pods/ (default: %(default)s)"
+LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+@dataclass(frozen=True)
+class _BadVariable:
+    """The default of a flag whose `FUSEVOL_*` variable holds a value the flag does not take:
+    a usage error once parsing shows that the flag was not given (a flag given wins)."""
+
+    variable: str
+    value: str
+    reason: str
+
+    def __str__(self) -> str:
+        return self.value  # what --help shows as the default: what the variable says
+
+
+class _Parser(argparse.ArgumentParser):
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extras = super().parse_known_args(args, namespace)
+        for value in vars(parsed).values():
+            if isinstance(value, _BadVariable):
+                self.exit(2, f"fusevol: error: {value.variable}={value.value!r}: {value.reason}\n")
+        return parsed, extras
+
+
+def _env_option(
+    parser: argparse.ArgumentParser,
+    flag: str,
+    *,
+    default: object = None,
+    type: Callable[[str], object] = str,
+    choices: Sequence[object] | None = None,
+    **kwargs: Any,
+) -> None:
+    """`parser.add_argument(flag, ...)` whose default is `FUSEVOL_<FLAG>` when that is set and
+    not empty, converted and checked as the flag's value would be."""
+    variable = "FUSEVOL_" + flag.removeprefix("--").upper().replace("-", "_")
+    if value := os.environ.get(variable):
+        try:
+            default = type(value)
+        except (TypeError, ValueError):  # what argparse catches from a type
+            name = getattr(type, "__name__", repr(type))
+            default = _BadVariable(variable, value, f"invalid {name} value")
+        else:
+            if choices is not None and default not in choices:
+                allowed = ", ".join(map(repr, choices))
+                default = _BadVariable(variable, value, f"invalid choice (choose from {allowed})")
+    parser.add_argument(flag, type=type, choices=choices, default=default, **kwargs)
+
+
+def _root_option(parser: argparse.ArgumentParser) -> None:
+    _env_option(parser, "--root", type=Path, metavar="DIR", default=DEFAULT_ROOT, help=ROOT_HELP)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="fusevol", description=DESCRIPTION)
+    parser.add_argument("--version", action="version", version=f"fusevol {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    kube = KubeSettings()
+    http = HttpSettings()
+
+    run = commands.add_parser(
+        "run",
+        help="serve the volumes of this node's pods until stopped",
+        description="Serve the volumes of this node's pods until stopped.",
+        epilog=RUN_EPILOG,
+    )
+    _env_option(
+        run,
+        "--manifests",
+        type=Path,
+        metavar="DIR",
+        help="directory of manifests to serve, watched for edits: Pods, ConfigMaps, Secrets, "
+        "PersistentVolumes, PersistentVolumeClaims, StorageClasses (*.yaml, *.yml, *.json)",
+    )
+    _env_option(
+        run,
+        "--source",
+        choices=["manifests", "kubernetes"],
+        help="where pods come from (default: manifests with --manifests, else kubernetes "
+        "with --kubeconfig or in a pod)",
+    )
+    _env_option(
+        run,
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
+    )
+    _env_option(
+        run,
+        "--change-detection",
+        choices=[c.value for c in ChangeDetection],
+        default=kube.change_detection.value,
+        help="how referenced ConfigMaps and Secrets are kept current, as kubelet's "
+        "configMapAndSecretChangeDetectionStrategy (default: %(default)s)",
+    )
+    _env_option(
+        run,
+        "--sync-period",
+        type=float,
+        metavar="SECONDS",
+        default=kube.sync_period_s,
+        help="seconds between refetches with --change-detection Cache or Get "
+        "(default: %(default)s)",
+    )
+    _env_option(
+        run,
+        "--cache-ttl",
+        type=float,
+        metavar="SECONDS",
+        default=kube.cache_ttl_s,
+        help="seconds a fetched object stays fresh with --change-detection Cache "
+        "(default: %(default)s)",
+    )
+    _root_option(run)
+    _env_option(
+        run,
+        "--node-name",
+        metavar="NAME",
+        default=socket.gethostname(),
+        help="serve pods with this spec.nodeName, or none (default: the host name, %(default)s)",
+    )
+    _env_option(
+        run,
+        "--node-allocatable",
+        metavar="LIST",
+        default="",
+        help="what the downward API reports for containers without limits, e.g. "
+        "cpu=4,memory=8Gi,ephemeral-storage=100Gi (default: the host's capacity)",
+    )
+    _env_option(
+        run,
+        "--http-port",
+        type=int,
+        metavar="PORT",
+        default=http.port,
+        help="port of /healthz, /readyz, /metrics and /status; 0: any free port, -1: none "
+        "(default: %(default)s)",
+    )
+    _env_option(
+        run,
+        "--http-host",
+        metavar="ADDRESS",
+        default=http.host,
+        help="address they listen on; /status names this node's pods and their errors, so "
+        "the default is loopback (default: %(default)s)",
+    )
+    _env_option(
+        run,
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        default="info",
+        help="debug, info, warning or error (default: %(default)s)",
+    )
+    _env_option(
+        run,
+        "--csi-endpoint",
+        default="",
+        help="serve the CSI node plugin fusevol.io at unix:///path/csi.sock: pods get volumes "
+        "through kubelet (then pods' own volumes are not set up; default: off)",
+    )
+    _env_option(
+        run,
+        "--kubelet-dir",
+        type=Path,
+        default=DEFAULT_KUBELET_DIR,
+        help="kubelet's root directory: CSI target paths must be below it (default: %(default)s)",
+    )
+
+    teardown = commands.add_parser(
+        "teardown",
+        help="unmount every pod volume and remove the pod directories, after a handing-over "
+        "stop (refused while an agent runs)",
+    )
+    _root_option(teardown)
+
+    show = commands.add_parser(
+        "status",
+        help="whether an agent runs; its pods, volumes, state and last error, or without an "
+        "agent what is still mounted",
+    )
+    _root_option(show)
+    show.add_argument("--json", action="store_true", help="print it as JSON")
+
+    wait = commands.add_parser(
+        "wait",
+        help="wait until every volume of a pod (and its containers' subPath views) is set up",
+        description="Exit 0 once every volume of POD is set up; on timeout exit 1 naming each "
+        "volume not ready and its last error.",
+    )
+    _root_option(wait)
+    wait.add_argument("pod", metavar="POD", help="namespace/name or uid")
+    wait.add_argument(
+        "--timeout",
+        default="2m",
+        metavar="DURATION",
+        help="give up after this long: 2m, 90s, 1m30s, 500ms (default: %(default)s)",
+    )
+
+    mounts = commands.add_parser(
+        "mounts",
+        help="a container's volumeMounts resolved to bind mounts, for a runtime without kubelet",
+        description="Print the container's volumeMounts as kubelet resolves them (mountPath, "
+        "readOnly, subPath, subPathExpr, mountPropagation): fusevol volumes bound rslave.",
+    )
+    _root_option(mounts)
+    mounts.add_argument("pod", metavar="POD", help="namespace/name or uid")
+    mounts.add_argument("--container", required=True, metavar="NAME", help="the container")
+    mounts.add_argument(
+        "--format",
+        choices=["ctr", "oci", "json"],
+        default="ctr",
+        help="ctr run --mount arguments, the OCI runtime spec's mounts array, or JSON "
+        "(default: %(default)s)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "run":
+            if LAUNCHER_FD_ENV not in os.environ:
+                preflight.check(
+                    root=args.root,
+                    kubeconfig=args.kubeconfig,
+                    fuse=True,
+                    http=(args.http_host, args.http_port),
+                )
+                # Imported before the fork, run only in the child: a child the launcher starts
+                # after a crash serves again without first spending a second or two on imports.
+                import fusevol.agent.app  # noqa: F401
+
+                if (status := launch(layout.handover_socket(args.root.absolute()))) is not None:
+                    # the launcher's: the agent runs in its child (fusevol.agent.launcher)
+                    return status
+            return _run(args)
+        if args.command == "teardown":
+            preflight.check(root=args.root, kubeconfig=None, fuse=False)
+            return _teardown(args)
+        if args.command in ("wait", "mounts"):
+            return _runtime(args)
+        return _status(args)
+    except FusevolError as exc:
+        print(f"fusevol: {exc}", file=sys.stderr)
+        return 1
+    except ExceptionGroup as group:  # raised in a trio nursery: the agent's own errors, unwrapped
+        errors, others = group.split(FusevolError)
+        if errors is None or others is not None:
+            raise
+        for error in _leaves(errors):
+            print(f"fusevol: {error}", file=sys.stderr)
+        return 1
+
+
+def _leaves(group: BaseExceptionGroup[FusevolError]) -> Iterator[BaseException]:
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            yield from _leaves(exc)
+        else:
+            yield exc
+
+
+def _run(args: argparse.Namespace) -> int:
+    import trio  # here: `fusevol run`'s launcher (fusevol.agent.launcher) starts fast without it
+
+    from fusevol.agent.app import run_until_signalled
+    from fusevol.projection.downward import node_allocatable
+
+    heap.one_arena()  # before the first thread
+    log.setup(args.log_level)
+    kube = _kube_settings(args)
+    if kube is None and not args.manifests.is_dir():
+        raise FusevolError(f"--manifests {args.manifests}: not a directory")
+    items = [item.strip() for item in args.node_allocatable.split(",") if item.strip()]
+    try:
+        if any("=" not in item for item in items):
+            raise ValueError("expected name=quantity[,name=quantity...]")
+        allocatable = dict(item.split("=", 1) for item in items)
+        node_allocatable(allocatable)
+    except ValueError as exc:
+        raise FusevolError(f"--node-allocatable: {exc}") from None
+    settings = Settings(
+        root=args.root.absolute(),
+        node_name=args.node_name,
+        manifests=None if kube is not None else args.manifests.absolute(),
+        kube=kube,
+        node_allocatable=allocatable,
+        http=HttpSettings(host=args.http_host, port=args.http_port),
+        csi=CsiSettings(args.csi_endpoint, args.kubelet_dir.absolute())
+        if args.csi_endpoint
+        else None,
+    )
+    trio.run(run_until_signalled, settings)
+    logging.getLogger(__name__).info("stopped")
+    return 0
+
+
+def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
+    """None for the manifest source; the API source's settings otherwise (module docstring)."""
+    source = args.source
+    if source is None:
+        if args.manifests is not None:
+            source = "manifests"
+        elif args.kubeconfig is not None or os.environ.get("KUBERNETES_SERVICE_HOST"):
+            source = "kubernetes"
+        else:
+            raise FusevolError(
+                "no source: give --manifests DIR or --kubeconfig PATH (or run in a pod)"
+            )
+    if source == "manifests":
+        if args.manifests is None:
+            raise FusevolError("--source manifests: give --manifests DIR (or FUSEVOL_MANIFESTS)")
+        if args.kubeconfig is not None:
+            raise FusevolError("--kubeconfig: not used with the manifests source")
+        return None
+    if args.manifests is not None:
+        raise FusevolError("--manifests: not used with the kubernetes source")
+    if args.sync_period <= 0 or args.cache_ttl < 0:
+        raise FusevolError("--sync-period must be positive and --cache-ttl not negative")
+    try:
+        strategy = ChangeDetection(args.change_detection)
+    except ValueError:
+        raise FusevolError(
+            f"--change-detection {args.change_detection}: not one of Watch, Cache, Get"
+        ) from None
+    return KubeSettings(
+        kubeconfig=None if args.kubeconfig is None else args.kubeconfig.absolute(),
+        change_detection=strategy,
+        sync_period_s=args.sync_period,
+        cache_ttl_s=args.cache_ttl,
+    )
+
+
+def _teardown(args: argparse.Namespace) -> int:
+    import trio
+
+    from fusevol.base.settings import MountSettings
+    from fusevol.cli.teardown import tear_down
+
+    log.setup("info")
+    removed = trio.run(
+        functools.partial(
+            tear_down,
+            args.root.absolute(),
+            command_timeout_s=MountSettings().command_timeout_s,
+        )
+    )
+    print(f"fusevol: {removed} mounts removed below {args.root}")
+    return 0
+
+
+def _runtime(args: argparse.Namespace) -> int:
+    """`fusevol wait` and `fusevol mounts` (`fusevol.cli.runtime`)."""
+    from fusevol.cli import runtime
+
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    if args.command == "mounts":
+        print(runtime.mounts(args.root, args.pod, args.container, args.format))
+        return 0
+    timeout_s = runtime.parse_duration(args.timeout)
+    problems = runtime.wait(args.root, args.pod, timeout_s=timeout_s)
+    if problems:
+        print(f"fusevol: {runtime.wait_message(args.pod, timeout_s, problems)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _status(args: argparse.Namespace) -> int:
+    from fusevol.observe import status
+
+    # `fusevol status | head`: end quietly at the closed pipe, as a C tool would.
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    collected = status.collect(args.root)
+    print(
+        json.dumps(collected, indent=2)
+        if args.json
+        else status.render_collected(collected, args.root)
+    )
+    return 0

@@ -1,0 +1,1 @@
+"""Where things live on the node (kubelet's layout) and how a container's mounts resolve there."""

@@ -1,0 +1,176 @@
+"""Where things live on the node: kubelet's directory layout, and the volume plugins' names.
+
+    <root>/pods/<uid>/volumes/<plugin dir>/<spec name>   a pod volume (docs/kubelet.md fact 1)
+    <root>/pods/<uid>/plugins/<plugin dir>/<spec name>   a volume's metadata (gitRepo's `ready`)
+    <root>/pods/<uid>/volume-subpaths/<volume>/<container>/<index>   a subPath view
+    <root>/fusevol/follow                                 the views' FUSE mount (its own process;
+                                                          follow.lock, follow.log beside it)
+    <root>/fusevol/mnt                                    the agent's FUSE mount
+    <root>/fusevol/status.json                            what `fusevol status` reads
+    <root>/fusevol/provisioned.json                       local PVs provisioned by this node
+    <root>/fusevol/seen.json                              when each pod was first seen
+    <root>/fusevol/csi.json                               CSI targets published by kubelet
+    <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
+
+Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
+spec name is the pod's volume name, or the PersistentVolume's name for a volume that comes
+through a claim (kubelet's `volume.Spec.Name()`).
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from fusevol.model import (
+    ConfigMapVolumeSource,
+    DownwardAPIVolumeSource,
+    EmptyDirVolumeSource,
+    GitRepoVolumeSource,
+    HostPathVolumeSource,
+    LocalVolumeSource,
+    NFSVolumeSource,
+    PersistentVolumeSource,
+    PodUID,
+    ProjectedVolumeSource,
+    SecretVolumeSource,
+    UniqueVolumeName,
+    VolumeSource,
+)
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+FUSE_SUBTYPE = "fusevol"
+FUSE_FSTYPE = f"fuse.{FUSE_SUBTYPE}"
+"""The file system type of the agent's FUSE mount (and of every bind of it) in mountinfo."""
+
+
+class Plugin(enum.Enum):
+    CONFIG_MAP = "kubernetes.io/configmap"
+    SECRET = "kubernetes.io/secret"
+    DOWNWARD_API = "kubernetes.io/downward-api"
+    PROJECTED = "kubernetes.io/projected"
+    EMPTY_DIR = "kubernetes.io/empty-dir"
+    NFS = "kubernetes.io/nfs"
+    LOCAL = "kubernetes.io/local-volume"
+    HOST_PATH = "kubernetes.io/host-path"
+    GIT_REPO = "kubernetes.io/git-repo"
+
+    @property
+    def dir_name(self) -> str:
+        return self.value.replace("/", "~")
+
+    @property
+    def short_name(self) -> str:
+        return self.value.rsplit("/", 1)[1]
+
+    @property
+    def served_from_memory(self) -> bool:
+        """Served by the FUSE file system (else set up by the mount backend)."""
+        return self in _SERVED_FROM_MEMORY
+
+    @classmethod
+    def from_dir_name(cls, name: str) -> Plugin | None:
+        return next((p for p in cls if p.dir_name == name), None)
+
+
+_SERVED_FROM_MEMORY = frozenset(
+    {Plugin.CONFIG_MAP, Plugin.SECRET, Plugin.DOWNWARD_API, Plugin.PROJECTED}
+)
+
+
+def plugin_for(source: VolumeSource | PersistentVolumeSource) -> Plugin | None:
+    """The plugin that serves `source`, or None for a volume type fusevol does not serve."""
+    match source:
+        case ConfigMapVolumeSource():
+            return Plugin.CONFIG_MAP
+        case SecretVolumeSource():
+            return Plugin.SECRET
+        case DownwardAPIVolumeSource():
+            return Plugin.DOWNWARD_API
+        case ProjectedVolumeSource():
+            return Plugin.PROJECTED
+        case EmptyDirVolumeSource():
+            return Plugin.EMPTY_DIR
+        case NFSVolumeSource():
+            return Plugin.NFS
+        case LocalVolumeSource():
+            return Plugin.LOCAL
+        case HostPathVolumeSource():
+            return Plugin.HOST_PATH
+        case GitRepoVolumeSource():
+            return Plugin.GIT_REPO
+        case _:
+            return None
+
+
+def unique_volume_name(plugin: Plugin, uid: PodUID, spec_name: str) -> UniqueVolumeName:
+    """Kubelet's unique name of a non-attachable volume: `<plugin>/<pod uid>-<spec name>`."""
+    return UniqueVolumeName(f"{plugin.value}/{uid}-{spec_name}")
+
+
+def pods_dir(root: Path) -> Path:
+    return root / "pods"
+
+
+def pod_dir(root: Path, uid: PodUID) -> Path:
+    return pods_dir(root) / uid
+
+
+def volume_dir(root: Path, uid: PodUID, plugin: Plugin, spec_name: str) -> Path:
+    return pod_dir(root, uid) / "volumes" / plugin.dir_name / spec_name
+
+
+def volume_meta_dir(volume_dir: Path, plugin: Plugin) -> Path:
+    """kubelet's `GetPodPluginDir(uid, plugin)/<spec name>` for the pod volume at `volume_dir`."""
+    return volume_dir.parents[2] / "plugins" / plugin.dir_name / volume_dir.name
+
+
+def agent_dir(root: Path) -> Path:
+    return root / "fusevol"
+
+
+def lock_file(root: Path) -> Path:
+    """The agent lock (`fusevol.agent.lock`): an flock, and the holder's pid."""
+    return agent_dir(root) / "lock"
+
+
+def fuse_mountpoint(root: Path) -> Path:
+    return agent_dir(root) / "mnt"
+
+
+def handover_socket(root: Path) -> Path:
+    """Where a stopping agent that still serves waits for its successor
+    (`fusevol.agent.handover`)."""
+    return agent_dir(root) / "handover.sock"
+
+
+def status_file(root: Path) -> Path:
+    return agent_dir(root) / "status.json"
+
+
+def provisioned_file(root: Path) -> Path:
+    return agent_dir(root) / "provisioned.json"
+
+
+def first_seen_file(root: Path) -> Path:
+    """When the agent first saw each pod (`fusevol.volumemanager.cache.seen`): pod uids and times
+    only."""
+    return agent_dir(root) / "seen.json"
+
+
+def csi_file(root: Path) -> Path:
+    """The CSI targets kubelet published (`fusevol.csi.state`): served again after a restart."""
+    return agent_dir(root) / "csi.json"
+
+
+def default_provisioning_base(root: Path) -> Path:
+    """Where provisioned local PVs live when their StorageClass gives no `basePath`."""
+    return agent_dir(root) / "hostpath"
+
+
+def fuse_name(uid: PodUID, spec_name: str) -> bytes:
+    """The name of a pod volume's subtree on the FUSE mount. Pod UIDs and volume names (DNS
+    labels) never contain "_", so the name is unique."""
+    return f"{uid}_{spec_name}".encode()

@@ -1,0 +1,1 @@
+"""What the agent shows of itself: the HTTP endpoints, Prometheus metrics, the status snapshot."""

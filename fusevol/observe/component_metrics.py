@@ -1,0 +1,93 @@
+"""What the agent's components tell Prometheus: the gauges and counters read on every scrape,
+and the operation durations the executor reports. `fusevol.observe.metrics` holds the registry and
+the metric types; this module only connects the components to them."""
+
+from __future__ import annotations
+
+import collections
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    from fusevol.fuse.ops import Operations
+    from fusevol.fuse.tree import Tree
+    from fusevol.model import UniqueVolumeName
+    from fusevol.observe.metrics import Metrics
+    from fusevol.volumemanager.cache.actual import ActualState
+    from fusevol.volumemanager.cache.desired import DesiredState
+    from fusevol.volumemanager.cache.store import ObjectStore
+
+_OPERATION_NAMES = {"unmount": "volume_unmount", "provision": "provision", "reclaim": "delete"}
+"""fusevol's operations by the names kubelet and the PV controller give theirs in
+`storage_operation_duration_seconds` (every other operation is a `volume_mount`)."""
+
+
+def register(
+    metrics: Metrics,
+    *,
+    desired: DesiredState,
+    actual: ActualState,
+    store: ObjectStore,
+    tree: Tree,
+    operations: Operations,
+) -> None:
+    """Add the gauges and counters that are read from the components on every scrape."""
+
+    def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
+        for state, names in (
+            ("desired_state_of_world", [v.name for v in desired.volumes_to_serve()]),
+            ("actual_state_of_world", [v.name for v in actual.mounted_volumes()]),
+        ):
+            for plugin, count in collections.Counter(map(plugin_of, names)).items():
+                yield {"plugin_name": plugin, "state": state}, count
+
+    metrics.add_gauge(
+        "volume_manager_total_volumes",
+        "Volumes in the desired and actual state of world",
+        ["plugin_name", "state"],
+        volumes_by_state,
+    )
+    metrics.add_counter(
+        "fusevol_fuse_requests",
+        "FUSE requests answered, by operation",
+        ["operation"],
+        lambda: (({"operation": op}, n) for op, n in operations.requests.items()),
+    )
+    metrics.add_counter(
+        "fusevol_fuse_read_bytes",
+        "Bytes read through the FUSE mount",
+        [],
+        lambda: [({}, operations.read_bytes)],
+    )
+    metrics.add_gauge(
+        "fusevol_objects",
+        "Objects held in memory, by kind",
+        ["kind"],
+        lambda: (({"kind": kind}, n) for kind, n in store.statistics().objects_by_kind.items()),
+    )
+    metrics.add_gauge(
+        "fusevol_fuse_inodes",
+        "Inodes of the FUSE file system (reachable or still known to the kernel)",
+        [],
+        lambda: [({}, tree.statistics().nodes)],
+    )
+
+
+def operation_observer(
+    metrics: Metrics,
+) -> Callable[[UniqueVolumeName, str, float, bool], None]:
+    """The executor's `on_finished`: kubelet's `storage_operation_duration_seconds`."""
+
+    def observe(name: UniqueVolumeName, operation: str, seconds: float, ok: bool) -> None:
+        kubelet_name = _OPERATION_NAMES.get(operation, "volume_mount")
+        metrics.operation_duration.labels(
+            plugin_of(name), kubelet_name, "success" if ok else "fail-unknown"
+        ).observe(seconds)
+
+    return observe
+
+
+def plugin_of(name: str) -> str:
+    """`kubernetes.io/configmap/<uid>-<name>` -> `kubernetes.io/configmap`."""
+    return name.rsplit("/", 1)[0]

@@ -1,0 +1,2 @@
+"""kubelet's volume manager: the caches of desired and actual state, the populator, the
+reconciler."""

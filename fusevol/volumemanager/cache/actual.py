@@ -1,0 +1,76 @@
+"""ActualState: the volumes that are set up on this node, as kubelet's actual state of world.
+
+The reconciler marks a volume mounted only after its set-up succeeded, and unmounted only after
+its tear-down did, so this is never ahead of the node. Each entry remembers the inputs it was built
+from (object versions, the pod's volume spec) so the reconciler can tell when to refresh it.
+Named verbs, snapshots out, trio thread only.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Hashable
+    from pathlib import Path
+
+    from fusevol.model import PodUID, UniqueVolumeName
+    from fusevol.node.layout import Plugin
+
+
+class MountState(enum.Enum):
+    MOUNTED = "mounted"
+    UNCERTAIN = "uncertain"
+    """Found on the node after a restart, not yet confirmed by a set-up."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountedVolume:
+    name: UniqueVolumeName
+    plugin: Plugin
+    pod_uid: PodUID
+    spec_name: str
+    """The volume directory's name (the pod volume's, or its PersistentVolume's)."""
+    path: Path
+    """The pod volume directory (for hostPath: the host path)."""
+    inputs: Hashable
+    """What the content was built from; a refresh is due when the desired inputs differ."""
+    state: MountState = MountState.MOUNTED
+    updated_at: float | None = None
+    """Wall-clock time (`time.time()`) of the last set-up or refresh; None if reconstructed."""
+
+
+class ActualState:
+    def __init__(self) -> None:
+        self._volumes: dict[UniqueVolumeName, MountedVolume] = {}
+        self._by_pod: dict[PodUID, set[UniqueVolumeName]] = {}
+        """The names in `_volumes` by pod: a pod's tear-down asks after each of its volumes
+        whether any is left, which a scan of every volume made quadratic in the node's pods."""
+
+    def mark_mounted(self, volume: MountedVolume) -> None:
+        self.mark_unmounted(volume.name)
+        self._volumes[volume.name] = volume
+        self._by_pod.setdefault(volume.pod_uid, set()).add(volume.name)
+
+    def mark_unmounted(self, name: UniqueVolumeName) -> None:
+        """No-op if the volume is not mounted."""
+        volume = self._volumes.pop(name, None)
+        if volume is not None:
+            names = self._by_pod[volume.pod_uid]
+            names.discard(name)
+            if not names:
+                del self._by_pod[volume.pod_uid]
+
+    def get(self, name: UniqueVolumeName) -> MountedVolume | None:
+        return self._volumes.get(name)
+
+    def mounted_volumes(self) -> tuple[MountedVolume, ...]:
+        return tuple(self._volumes.values())
+
+    def pod_has_volumes(self, uid: PodUID) -> bool:
+        return uid in self._by_pod
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._volumes

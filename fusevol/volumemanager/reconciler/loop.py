@@ -1,0 +1,342 @@
+"""The reconciler: drive the node's actual state towards the desired state, forever.
+
+It wakes on every change of the object store, when an operation ends (`Executor.wait_finished`),
+when a backoff expires, and at least every `resync_interval_s`. Each pass runs the populator, then
+`reconcile()`, which reads as kubelet's three steps, in this order so that a volume moving between
+pods is released first, between the two steps of the provisioner (`HostPathProvisioner` only):
+
+    (0) provision         claims a pod here waits for, of a class this node provisions
+    (1) unmount_orphans   volumes set up on the node that no pod wants any more
+    (2) serve_and_mount   volumes a pod wants that are not set up yet
+    (3) refresh           set-up volumes whose inputs (objects, pod spec) changed; of the
+                          volumes sharing one subtree, one publishes and the others only
+                          record the new inputs, without an operation (an edit of an object
+                          that 2000 pods use is one publish, not 2000 operations)
+    (4) reclaim           provisioned volumes whose claim is gone: released, and deleted (policy
+                          Delete) once no pod of this node uses them
+
+Steps (1) and (4) wait until every source has delivered its complete initial state
+(`has_added_pods`).
+Each step only *starts* operations in the executor (one per volume, with backoff) and returns, so a
+pass takes microseconds per volume however slow a mount is. What a pass asks of each volume is
+computed once per volume spec (`ServedVolumes`), and passes for ending operations are spaced by
+their own cost (`_follow_executor`), so setting up N volumes costs O(N), not O(N²).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.base.errors import FusevolError, is_expected
+from fusevol.model import ObjectKey, PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
+from fusevol.node.layout import Plugin
+from fusevol.provision.hostpath import PROVISIONER
+from fusevol.volumemanager.cache.actual import MountState
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Hashable, Iterator
+
+    from fusevol.provision.hostpath import HostPathProvisioner
+    from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
+    from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.populator import Populator
+    from fusevol.volumemanager.reconciler.executor import Executor
+    from fusevol.volumemanager.reconciler.volumes import Volumes
+
+log = logging.getLogger(__name__)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        populator: Populator,
+        desired: DesiredState,
+        actual: ActualState,
+        executor: Executor,
+        volumes: Volumes,
+        resync_interval_s: float,
+        on_pass: Callable[[], None] = lambda: None,
+        on_volume_failed: Callable[[VolumeToServe, str], None] = lambda *_: None,
+        provisioner: HostPathProvisioner | None = None,
+    ) -> None:
+        """`on_volume_failed(volume, error)` after each failed set-up or refresh (the API
+        source records kubelet's FailedMount event)."""
+        self._on_volume_failed = on_volume_failed
+        self._provisioner = provisioner
+        self._store = store
+        self._populator = populator
+        self._desired = desired
+        self._actual = actual
+        self._executor = executor
+        self._volumes = volumes
+        self._resync_interval_s = resync_interval_s
+        self._on_pass = on_pass
+        self._wakeup = trio.Event()
+        self._passes = 0
+        self._pass_s = 0.0
+        """How long the last pass took (`_follow_executor` spaces its passes by it)."""
+
+    def kick(self) -> None:
+        """Ask for a pass as soon as possible."""
+        self._wakeup.set()
+
+    @property
+    def passes(self) -> int:
+        return self._passes
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._follow_store)
+            # Counted now: an operation the first pass starts may end before the task runs.
+            nursery.start_soon(self._follow_executor, self._executor.finished)
+            task_status.started()
+            generation = self._store.generation
+            while True:
+                self._wakeup = trio.Event()
+                changed = self._store.changed_since(generation)
+                generation = self._store.generation
+                if changed:
+                    await self._refresh_first(changed)
+                started = trio.current_time()
+                self._populator.populate()
+                spent = trio.current_time() - started
+                for _ in self._reconcile_steps():  # FUSE requests are answered in between
+                    spent += trio.current_time() - started
+                    await trio.lowlevel.checkpoint()
+                    started = trio.current_time()
+                self._pass_s = spent + trio.current_time() - started
+                self._passes += 1
+                self._on_pass()
+                deadline = min(
+                    trio.current_time() + self._resync_interval_s, self._executor.next_retry_at()
+                )
+                with trio.move_on_at(deadline):
+                    await self._wakeup.wait()
+
+    def reconcile(self) -> None:
+        for _ in self._reconcile_steps():
+            pass
+
+    def _reconcile_steps(self) -> Iterator[None]:
+        """`reconcile()` in steps of `_STEP` volumes (the loop lets other tasks run between
+        them: a pass over thousands of volumes takes milliseconds)."""
+        self.provision()  # (0)
+        if self._populator.has_added_pods:
+            self.unmount_orphans()  # (1)
+        yield from self._serve_and_mount_steps()  # (2)
+        yield from self._refresh_steps()  # (3)
+        if self._populator.has_added_pods:
+            self.reclaim()  # (4)
+
+    def provision(self) -> None:
+        if self._provisioner is None:
+            return
+        for request in self._populator.claims_to_provision():
+            claim = request.claim
+            # `<provisioner>/<namespace>.<claim>`: one slash, as `agent_metrics.plugin_of` expects;
+            # namespaces have no dots, so the name is unique.
+            name = UniqueVolumeName(f"{PROVISIONER}/{claim.namespace}.{claim.name}")
+            run = functools.partial(self._provisioner.provision, request)
+            self._start(name, "provision", run, inputs=request)
+
+    def reclaim(self) -> None:
+        if self._provisioner is None:
+            return
+        in_use = {v.spec_name for v in self._desired.volumes_to_serve() if v.plugin is Plugin.LOCAL}
+        in_use |= {m.spec_name for m in self._actual.mounted_volumes() if m.plugin is Plugin.LOCAL}
+        claims = {
+            (pod.namespace, volume.source.claim_name)
+            for pod in self._desired.pods()
+            for volume in pod.volumes
+            if isinstance(volume.source, PersistentVolumeClaimVolumeSource)
+        }
+        for pv in self._provisioner.to_reclaim(in_use=in_use, claims_in_use=claims):
+            run = functools.partial(self._provisioner.reclaim, pv)
+            self._start(UniqueVolumeName(f"{PROVISIONER}/{pv.name}"), "reclaim", run, inputs=pv)
+
+    def unmount_orphans(self) -> None:
+        for mounted in self._actual.mounted_volumes():
+            if mounted.name not in self._desired:
+                unmount = functools.partial(self._unmount, mounted)
+                self._start(mounted.name, "unmount", unmount, served=_served(mounted.plugin))
+
+    def _serve_and_mount_steps(self) -> Iterator[None]:
+        for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
+            if i % _STEP == 0:
+                yield
+            if self._executor.is_pending(volume.name):
+                continue  # its inputs are not even computed: a pass during a storm of set-ups
+            mounted = self._actual.get(volume.name)
+            if mounted is None or mounted.state is MountState.UNCERTAIN:
+                self._start(
+                    volume.name,
+                    "mount",
+                    functools.partial(self._mount, volume),
+                    inputs=self._volumes.inputs(volume),
+                    subject=_subject(volume.pod),
+                    served=_served(volume.plugin),
+                )
+
+    async def _refresh_first(self, changed: tuple[ObjectKey, ...]) -> None:
+        """Step (3) ahead of the pass for the shared subtrees built from `changed` objects, one
+        volume each, waiting (a little) for those refreshes: a pass costs time in proportion to
+        the node's volumes, which an edit of an object that 2000 pods use must not wait for."""
+        started = []
+        for volume in self._volumes.to_refresh_first(changed):
+            if self._desired.get(volume.name) is volume and self._refresh_volume(volume, set()):
+                started.append(volume.name)
+        with trio.move_on_after(_FIRST_WAIT_S):
+            while any(map(self._executor.is_pending, started)):
+                await self._executor.wait_finished(self._executor.finished)
+
+    def _refresh_steps(self) -> Iterator[None]:
+        """Step (3). A volume of a shared subtree waits while another of its users refreshes it
+        (one per subtree per pass); once that one has published, the next pass finds the others
+        current and records their new inputs."""
+        volumes = self._desired.volumes_to_serve()
+        refreshing = {  # shared subtrees an operation is working on
+            shared
+            for volume in volumes
+            if self._executor.is_pending(volume.name)
+            and (shared := self._volumes.shared_subtree(volume)) is not None
+        }
+        for i, volume in enumerate(volumes, 1):
+            if i % _STEP == 0:
+                yield
+            self._refresh_volume(volume, refreshing)
+
+    def _refresh_volume(self, volume: VolumeToServe, refreshing: set[bytes]) -> bool:
+        """Step (3) for one volume; True if it started a refresh. `refreshing`: the shared
+        subtrees that a refresh works on (one added if this one starts)."""
+        mounted = self._actual.get(volume.name)
+        if (
+            mounted is None
+            or mounted.state is MountState.UNCERTAIN
+            or self._executor.is_pending(volume.name)
+        ):
+            return False
+        inputs = self._volumes.inputs(volume)
+        if inputs == mounted.inputs:
+            return False
+        if self._volumes.is_current(volume, inputs):
+            self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
+            return False
+        shared = self._volumes.shared_subtree(volume)
+        if shared is not None and shared in refreshing:
+            return False
+        refresh = functools.partial(self._refresh, volume, mounted)
+        if not self._start(
+            volume.name,
+            "refresh",
+            refresh,
+            inputs=inputs,
+            subject=_subject(volume.pod),
+            served=_served(volume.plugin),
+        ):
+            return False
+        if shared is not None:
+            refreshing.add(shared)
+        return True
+
+    async def unmount_all(self) -> None:
+        """Tear down every volume, for a clean stop. The executor must be stopped already."""
+        for mounted in self._actual.mounted_volumes():
+            try:
+                await self._unmount(mounted)
+            except Exception as exc:  # one volume's failure must not keep the others mounted
+                log.error("unmount failed volume=%s error=%s", mounted.name, exc)
+
+    # -- operations --------------------------------------------------------------------------------
+
+    async def _mount(self, volume: VolumeToServe) -> None:
+        try:
+            self._actual.mark_mounted(await self._volumes.set_up(volume))
+        except Exception as exc:
+            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
+            raise
+        log.info(
+            "volume set up volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
+        )
+
+    async def _refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> None:
+        try:
+            self._actual.mark_mounted(await self._volumes.refresh(volume, mounted))
+        except Exception as exc:
+            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
+            raise
+        log.info(
+            "volume updated volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
+        )
+
+    async def _unmount(self, mounted: MountedVolume) -> None:
+        await self._volumes.tear_down(mounted)
+        self._actual.mark_unmounted(mounted.name)
+        if not self._actual.pod_has_volumes(mounted.pod_uid):
+            await self._volumes.remove_pod_dir(mounted.pod_uid)
+        log.info("volume torn down volume=%s", mounted.name)
+
+    def _start(
+        self,
+        name: UniqueVolumeName,
+        operation: str,
+        run: Callable[[], Awaitable[None]],
+        *,
+        inputs: Hashable = None,
+        subject: str = "",
+        served: bool = False,
+    ) -> bool:
+        """Start the operation; False if the executor refused (pending, or in backoff)."""
+        try:
+            self._executor.start(
+                name, operation, run, inputs=inputs, subject=subject, served=served
+            )
+        except FusevolError as exc:
+            if not is_expected(exc):
+                raise
+            log.debug("%s not started volume=%s: %s", operation, name, exc)
+            return False
+        return True
+
+    async def _follow_store(self) -> None:
+        generation = self._store.generation
+        while True:
+            await self._store.wait_changed(generation)
+            generation = self._store.generation
+            self.kick()
+
+    async def _follow_executor(self, finished: int) -> None:
+        """A pass after operations end: their volumes may need the next step. A pass costs time
+        in proportion to the volumes of the node, so passes for ending operations are spaced by
+        `_SPACING` times the last pass's length (set-up of N volumes is N operations that end,
+        and would be N passes of N volumes each); changes of the store are not delayed."""
+        while True:
+            await self._executor.wait_finished(finished)
+            await trio.sleep(_SPACING * self._pass_s)
+            finished = self._executor.finished
+            self.kick()
+
+
+_STEP = 50
+"""Volumes a pass handles between two checkpoints."""
+_FIRST_WAIT_S = 0.05
+"""How long the pass waits for the refreshes `_refresh_first` started (they go on after)."""
+_SPACING = 4.0
+"""Passes for ending operations leave the trio thread to other work 4/5 of the time or more."""
+
+
+def _subject(pod: Pod) -> str:
+    """`pod=ns/name file=...`: whom a failed operation concerns, for its error line."""
+    origin = f" file={pod.origin}" if pod.origin else ""
+    return f"pod={pod.namespace}/{pod.name}{origin}"
+
+
+def _served(plugin: Plugin | None) -> bool:
+    """True for a volume served from memory, whose operations the executor may queue."""
+    return plugin is not None and plugin.served_from_memory

@@ -1,0 +1,421 @@
+"""Set-up, refresh and tear-down of the volumes served from memory.
+
+configMap, secret, downwardAPI and projected volumes; their payload rules are in
+`fusevol.projection`, their fsGroup ownership in `fusevol.projection.ownership`.
+
+A served volume is three things: a subtree on the agent's FUSE mount holding kubelet's
+AtomicWriter layout, the pod volume directory, and a read-only, shared bind mount of the first on
+the second. After a restart the new bind is stacked on the previous agent's (dead or handed-over)
+one, so that containers whose copy of it receives propagation (rslave) switch to the new one; the
+covered one goes when the volume is torn down. Containers always get these volume types read-only
+(docs/kubelet.md fact 1), so the bind is too; only the agent writes, through its own mount.
+
+Volumes that would hold the same files share one subtree (`subtree_name`): configMap, secret and
+projected volumes of one namespace with the same spec, the same fsGroup and the same nested
+mountpoints, as long as nothing in them depends on the pod (downward API, service account tokens).
+An update then switches one `..data` for all of them, however many pods there are, and the
+kernel's caches hold one copy; every other pod's bind sees the switch at the same instant, with
+the same inotify events. The subtree goes with its last user.
+
+Every operation renders the payload before it changes anything, so bad input (a missing object or
+key, an invalid path) fails before anything on the node changes: a new volume leaves nothing
+behind, and a served one keeps its last good content, as kubelet does. (A volume whose shared
+subtree was published from its very inputs has nothing to render: it only binds.)
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import hashlib
+import posixpath
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.base.errors import VolumeSetupError
+from fusevol.fuse.publish import VolumeDir
+from fusevol.model import (
+    ConfigMap,
+    ConfigMapVolumeSource,
+    DownwardAPIProjection,
+    DownwardAPIVolumeSource,
+    Kind,
+    ObjectKey,
+    ProjectedVolumeSource,
+    Secret,
+    SecretVolumeSource,
+    ServiceAccountToken,
+    ServiceAccountTokenProjection,
+    referenced_objects,
+    token_key,
+)
+from fusevol.node import layout
+from fusevol.node.layout import Plugin
+from fusevol.projection import configmap, downward, ownership, projected, secret
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Hashable, Iterable
+    from pathlib import Path
+
+    from fusevol.fuse.publish import Publisher
+    from fusevol.model import Payload, PodUID
+    from fusevol.mount.backend import MountBackend
+    from fusevol.projection.downward import NodeAllocatable
+    from fusevol.volumemanager.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
+
+ROOT_MODES = {
+    # The wrapped emptyDir: a disk directory created 0777 for configMap, a tmpfs (mode 1777) for
+    # the others (docs/kubelet.md fact 1).
+    Plugin.CONFIG_MAP: 0o777,
+    Plugin.SECRET: 0o1777,
+    Plugin.DOWNWARD_API: 0o1777,
+    Plugin.PROJECTED: 0o1777,
+}
+
+
+_FACTS_KEPT = 1024
+"""`ServedVolumes._facts` beyond twice the volumes set up: cleared when it grows past this."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Facts:
+    volume: VolumeToServe
+    """The object these are of (identity: a changed pod is a new object)."""
+    subtree: bytes
+    objects: tuple[ObjectKey, ...]
+    downward: bool
+
+
+SHARED = b"shared-"
+"""The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
+_NOTHING = object()
+
+
+class ServedVolumes:
+    def __init__(
+        self,
+        *,
+        root: Path,
+        store: ObjectStore,
+        publisher: Publisher,
+        backend: MountBackend,
+        allocatable: NodeAllocatable,
+        observe_propagation: Callable[[float], None] = lambda _: None,
+    ) -> None:
+        """`observe_propagation(seconds)`: after each refresh that published a new version, the
+        time since the change of the newest object it depends on."""
+        self._observe_propagation = observe_propagation
+        self._root = root
+        self._store = store
+        self._publisher = publisher
+        self._backend = backend
+        self._allocatable = allocatable
+        self._users: dict[bytes, set[tuple[PodUID, str]]] = {}
+        """Each subtree's users, (pod uid, volume directory name): it goes with the last one."""
+        self._subtree_of: dict[tuple[PodUID, str], bytes] = {}
+        self._covered: dict[tuple[PodUID, str], list[bytes]] = {}
+        """Subtrees still bound below a volume's top bind, after its spec changed (`refresh`)."""
+        self._published: dict[bytes, Hashable] = {}
+        """Each shared subtree's inputs at its last publish: a user whose inputs are these is
+        current already (`is_current`), however many pods share it."""
+        self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
+        """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
+        self._shared_by_object: dict[ObjectKey, set[bytes]] = {}
+        """The shared subtrees built from each object (`to_refresh_first`)."""
+        self._objects_of: dict[bytes, tuple[ObjectKey, ...]] = {}
+        self._facts: dict[tuple[PodUID, str], _Facts] = {}
+        """What a pass asks of every volume and only its spec decides (`_facts_of`): computed
+        once per `VolumeToServe` object, not on every pass (the populator keeps the same object
+        while the pod is the same)."""
+
+    def path(self, volume: VolumeToServe) -> Path:
+        """The pod volume directory, or a CSI volume's target path."""
+        assert volume.plugin is not None
+        if volume.target is not None:
+            return volume.target
+        return layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.spec_name)
+
+    def inputs(self, volume: VolumeToServe) -> Hashable:
+        """What the volume's content depends on: its spec, the pod's fsGroup, the versions of its
+        objects, and for the downward API the pod itself."""
+        facts = self._facts_of(volume)
+        pod = volume.pod if facts.downward else None
+        versions = []
+        for key in facts.objects:
+            obj = self._store.get(key)
+            versions.append(None if obj is None else obj.resource_version)
+        return (volume.source, volume.pod.fs_group, pod, *versions)
+
+    def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
+        """The shared subtree the volume is bound to, if it is shared and still the right one."""
+        name = self._subtree_of.get((volume.pod.uid, volume.spec_name))
+        if name is None or not name.startswith(SHARED) or name != self._facts_of(volume).subtree:
+            return None
+        return name
+
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        """For each shared subtree built from a `changed` object, one of its users (as the last
+        pass saw it): refreshing it publishes the change to every pod of the subtree."""
+        volumes = []
+        for name in {n for key in changed for n in self._shared_by_object.get(key, ())}:
+            for user in self._users.get(name, ()):
+                facts = self._facts.get(user)
+                if facts is not None:
+                    volumes.append(facts.volume)
+                    break
+        return volumes
+
+    def _facts_of(self, volume: VolumeToServe) -> _Facts:
+        user = (volume.pod.uid, volume.spec_name)
+        facts = self._facts.get(user)
+        if facts is None or facts.volume is not volume:
+            if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
+                self._facts.clear()  # a cache: volumes never set up are dropped with the rest
+            facts = self._facts[user] = _Facts(
+                volume,
+                subtree_name(volume),
+                _referenced_objects(volume),
+                _uses_downward_api(volume),
+            )
+        return facts
+
+    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
+        """True if the volume's shared subtree was published from `inputs` already (by another
+        user's refresh): nothing of this pod volume is to do, only its inputs to record."""
+        name = self.shared_subtree(volume)
+        return name is not None and self._published.get(name, _NOTHING) == inputs
+
+    async def set_up(self, volume: VolumeToServe) -> Hashable:
+        """Serve the volume at its pod volume directory; returns the inputs it was built from."""
+        inputs = self.inputs(volume)  # before rendering: a change while we work means a refresh
+        target = self.path(volume)
+        try:
+            await self._serve(volume, self._facts_of(volume).subtree, inputs)
+            await self._bind(volume, target, make_target=0o750)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.tear_down(volume.pod.uid, volume.spec_name, target)
+            raise
+        return inputs
+
+    async def refresh(self, volume: VolumeToServe) -> Hashable:
+        """Publish the volume's current content; returns the inputs it was built from."""
+        inputs = self.inputs(volume)
+        payload = self.render(volume)
+        user = (volume.pod.uid, volume.spec_name)
+        name, bound = self._facts_of(volume).subtree, self._subtree_of.get(user)
+        if bound is not None and bound != name:
+            # The pod's volume spec changed (an edited manifest): its files are no longer those
+            # of the subtree it shares. Served from the right one, bound on top of the old bind,
+            # which goes with the volume (`tear_down` unmounts the whole stack, then releases
+            # the subtrees below: a subtree is never removed while a bind of it remains).
+            await self._serve(volume, name, inputs, lambda: payload)
+            await self._bind(volume, self.path(volume))
+            self._covered.setdefault(user, []).append(bound)
+            return inputs
+        async with self._locks[name]:
+            published = await self._publish(name, volume, payload, inputs)
+        if published:
+            keys = [*_referenced_objects(volume), volume.pod.key]
+            changes = [t for t in map(self._store.changed_at, keys) if t is not None]
+            if changes:
+                self._observe_propagation(time.monotonic() - max(changes))
+        return inputs
+
+    async def tear_down(self, uid: PodUID, spec_name: str, target: Path) -> None:
+        # Paths near mounts may reach a FUSE server, our own included: never on the trio thread.
+        await self._backend.unmount(target, remove_target=True)
+        user = (uid, spec_name)
+        self._facts.pop(user, None)
+        for covered in self._covered.pop(user, []):
+            await self._release(user, covered)
+        await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
+
+    async def _serve(
+        self,
+        volume: VolumeToServe,
+        name: bytes,
+        inputs: Hashable,
+        render: Callable[[], Payload] | None = None,
+    ) -> None:
+        """Make subtree `name` (created if needed) hold the volume's payload (`render()`, by
+        default `self.render(volume)`), with `volume` among its users."""
+        user = (volume.pod.uid, volume.spec_name)
+        async with self._locks[name]:
+            # A shared subtree published from these very inputs (by another pod's volume, moments
+            # ago when many pods start at once) holds what this volume would: nothing to render
+            # or publish. Rendering only here, with the lock held, also keeps thousands of
+            # volumes waiting for one subtree from each holding a payload meanwhile.
+            if self._published.get(name, _NOTHING) != inputs:
+                payload = self.render(volume) if render is None else render()
+                await self._publish(name, volume, payload, inputs)
+            self._users.setdefault(name, set()).add(user)
+            self._subtree_of[user] = name
+            if name.startswith(SHARED) and name not in self._objects_of:
+                self._objects_of[name] = objects = self._facts_of(volume).objects
+                for key in objects:
+                    self._shared_by_object.setdefault(key, set()).add(name)
+
+    async def _bind(
+        self, volume: VolumeToServe, target: Path, *, make_target: int | None = None
+    ) -> None:
+        # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
+        # new one (README, "Restarts"); a no-op if ours is already there.
+        source = self._publisher.path(self._subtree_of[(volume.pod.uid, volume.spec_name)])
+        await self._backend.bind(
+            source, target, read_only=True, stack=True, make_target=make_target
+        )
+
+    async def _release(self, user: tuple[PodUID, str], name: bytes) -> None:
+        """`user` no longer uses subtree `name`: remove it if it was the last one."""
+        if self._subtree_of.get(user) == name:
+            del self._subtree_of[user]
+        users = self._users.get(name, set())
+        users.discard(user)
+        if users:
+            return
+        lock = self._locks[name]
+        async with lock:
+            if not self._users.get(name):  # nobody came meanwhile
+                self._users.pop(name, None)
+                self._published.pop(name, None)
+                for key in self._objects_of.pop(name, ()):
+                    subtrees = self._shared_by_object.get(key, set())
+                    subtrees.discard(name)
+                    if not subtrees:
+                        self._shared_by_object.pop(key, None)
+                await self._publisher.remove_volume(name)
+        if not lock.locked():  # else handed over to a waiting set-up
+            self._locks.pop(name, None)
+
+    async def _publish(
+        self, name: bytes, volume: VolumeToServe, payload: Payload, inputs: Hashable
+    ) -> bool:
+        """Publish `payload` in subtree `name`, made (as a new pod volume directory: its plugin's
+        mode, fsGroup, nested mountpoints) if it does not exist yet."""
+        assert volume.plugin is not None
+        fs_group = volume.pod.fs_group
+        self._published.pop(name, None)  # unknown until this publish has succeeded
+        published = await self._publisher.publish(
+            name,
+            ownership.apply_fs_group(payload, fs_group),
+            gid=fs_group,
+            dir_mode=ownership.dir_mode(0o755, fs_group),
+            new=VolumeDir(
+                mode=ownership.dir_mode(ROOT_MODES[volume.plugin], fs_group),
+                gid=fs_group or 0,
+                nested=nested_mountpoints(volume),
+                nested_mode=ownership.dir_mode(0o755, fs_group),
+            ),
+        )
+        if name.startswith(SHARED):
+            self._published[name] = inputs
+        return published
+
+    def render(self, volume: VolumeToServe) -> Payload:
+        """The volume's payload, or VolumeSetupError / InvalidPayload naming what is wrong."""
+        match volume.source:
+            case ConfigMapVolumeSource() as source:
+                key = ObjectKey(Kind.CONFIG_MAP, volume.pod.namespace, source.name)
+                return configmap.make_payload(source, self._store.get(key, ConfigMap))
+            case SecretVolumeSource() as source:
+                key = ObjectKey(Kind.SECRET, volume.pod.namespace, source.secret_name)
+                return secret.make_payload(source, self._store.get(key, Secret))
+            case DownwardAPIVolumeSource(items=items, default_mode=default_mode):
+                return downward.make_payload(
+                    items, volume.pod, default_mode=default_mode, allocatable=self._allocatable
+                )
+            case ProjectedVolumeSource() as source:
+                namespace = volume.pod.namespace
+                return projected.make_payload(
+                    source,
+                    volume.pod,
+                    get_configmap=lambda name: self._store.get(
+                        ObjectKey(Kind.CONFIG_MAP, namespace, name), ConfigMap
+                    ),
+                    get_secret=lambda name: self._store.get(
+                        ObjectKey(Kind.SECRET, namespace, name), Secret
+                    ),
+                    allocatable=self._allocatable,
+                    get_token=lambda projection: self._token(volume, projection),
+                )
+            case _:
+                raise VolumeSetupError(f"volume {volume.volume.name!r}: not served from memory")
+
+    def _token(
+        self, volume: VolumeToServe, projection: ServiceAccountTokenProjection
+    ) -> bytes | None:
+        token = self._store.get(token_key(volume.pod, projection), ServiceAccountToken)
+        return None if token is None else token.token
+
+    def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
+        """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
+        versions: dict[str, str | None] = {}
+        for key in self._facts_of(volume).objects:
+            obj = self._store.get(key)
+            versions[str(key)] = None if obj is None else obj.resource_version
+        return versions
+
+
+def subtree_name(volume: VolumeToServe) -> bytes:
+    """The volume's subtree on the FUSE mount: shared by every volume that would hold the same
+    files (module docstring), else the pod volume's own (`layout.fuse_name`)."""
+    if _depends_on_pod(volume):
+        return layout.fuse_name(volume.pod.uid, volume.spec_name)
+    spec = (
+        volume.plugin,
+        volume.pod.namespace,
+        volume.source,
+        volume.pod.fs_group,
+        nested_mountpoints(volume),
+    )
+    return SHARED + hashlib.sha256(repr(spec).encode()).hexdigest()[:32].encode()
+
+
+def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
+    """kubelet's `MakeNestedMountpoints`: for every other volume a container mounts *below* this
+    volume's mount path, the first path element below it, so that runc finds a mountpoint
+    directory inside this (read-only) volume."""
+    names: set[str] = set()
+    for container in (*volume.pod.containers, *volume.pod.init_containers):
+        own = [m.mount_path for m in container.volume_mounts if m.name == volume.volume.name]
+        for mount in container.volume_mounts:
+            if mount.name == volume.volume.name:
+                continue
+            for base in own:
+                relative = posixpath.relpath(posixpath.normpath(mount.mount_path), base)
+                if relative != "." and not relative.startswith(".."):
+                    names.add(relative.split("/", 1)[0])
+    return tuple(sorted(names))
+
+
+def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
+    return referenced_objects(volume.pod, volume.source)
+
+
+def _depends_on_pod(volume: VolumeToServe) -> bool:
+    """True if the files depend on the pod itself: downward API fields, or its own tokens."""
+    match volume.source:
+        case ConfigMapVolumeSource() | SecretVolumeSource():
+            return False
+        case ProjectedVolumeSource(sources=sources):
+            return any(
+                isinstance(p, DownwardAPIProjection | ServiceAccountTokenProjection)
+                for p in sources
+            )
+        case _:
+            return True
+
+
+def _uses_downward_api(volume: VolumeToServe) -> bool:
+    match volume.source:
+        case DownwardAPIVolumeSource():
+            return True
+        case ProjectedVolumeSource(sources=sources):
+            return any(isinstance(p, DownwardAPIProjection) for p in sources)
+        case _:
+            return False
