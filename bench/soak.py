@@ -12,7 +12,7 @@ idle), and RSS grows while the allocator warms up, so RSS must be flat over the 
 
     .venv/bin/python bench/soak.py [--minutes 5] [--pods 20] [--edits 10] [--trace]   (root)
 
-With `--trace` the agent traces its allocations (`fusevol.observe.status.TRACEMALLOC_ENV`: this
+With `--trace` the agent traces its allocations (`fusevol.base.heap.TRACEMALLOC_ENV`: this
 costs memory, so its RSS figures are not the agent's usual ones) and a snapshot is taken at every
 checkpoint; at the end the allocations that grew from the half-way checkpoint to the last are
 printed, by line: what to fix when RSS is not flat.
@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import AGENT_ARGS, agent_pid, helper_pids, proc_status, rss_mib
-from fusevol.observe.status import TRACEMALLOC_ENV
+from fusevol.base.heap import TRACEMALLOC_ENV
 from tests.agent import AgentProcess, mounts_below, running_agent, wait_for, write_atomically
 
 RSS_GROWTH_LIMIT_MIB = 1.0

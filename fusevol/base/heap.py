@@ -1,5 +1,6 @@
-"""The agent's C heap: one glibc arena for all its threads (`one_arena`), and its free pages
-given back to the kernel once the agent is idle (`trim`).
+"""The agent's heap: one glibc arena for all its threads (`one_arena`), its free pages given
+back to the kernel once the agent is idle (`trim`), and a debugging aid that traces what Python
+allocates (`trace_allocations`, with `FUSEVOL_TRACEMALLOC`).
 
 What Python allocates above pymalloc's 512 bytes comes from glibc's malloc. By default glibc gives
 threads arenas of their own, up to eight per core: with trio's 40 worker threads (file reads,
@@ -22,7 +23,13 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any
+import tracemalloc
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _M_ARENA_MAX = -8
 """mallopt's parameter for the most arenas (malloc.h)."""
@@ -45,3 +52,24 @@ def trim() -> bool:
     job); True if the C library did (`malloc_trim` says whether it released anything)."""
     malloc_trim = getattr(_libc(), "malloc_trim", None)
     return malloc_trim is not None and bool(malloc_trim(0))
+
+
+TRACEMALLOC_ENV = "FUSEVOL_TRACEMALLOC"
+"""A directory: with it set, the agent traces its allocations (tracemalloc), and each time a file
+`take` appears there it writes a snapshot `<n>.tracemalloc` and removes `take` (bench/soak.py
+`--trace` diffs them across its checkpoints, to find what grows). A debugging aid: tracing costs
+memory and time."""
+
+
+async def trace_allocations(directory: Path) -> None:
+    tracemalloc.start(8)
+    request = directory / "take"
+    n = 0
+    while True:
+        await trio.sleep(0.2)  # polled: a file written by another process, a debugging aid
+        if not await trio.to_thread.run_sync(request.exists):
+            continue
+        snapshot = tracemalloc.take_snapshot()
+        await trio.to_thread.run_sync(snapshot.dump, str(directory / f"{n}.tracemalloc"))
+        await trio.to_thread.run_sync(request.unlink)
+        n += 1

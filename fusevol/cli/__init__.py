@@ -16,16 +16,16 @@ dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wi
 variable counts as unset; a value the flag would not take is bad usage, named by its variable,
 unless the flag is given. The defaults are `fusevol.base.settings`'.
 Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
+
+This package parses the command line and dispatches; each command is a module of its own:
+`run` (the agent's process, after `fusevol.agent.launcher` forked it), `status`, `teardown`, and
+`runtime` (`wait` and `mounts`, what a container runtime asks).
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
-import json
-import logging
 import os
-import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -35,16 +35,13 @@ from typing import TYPE_CHECKING, Any
 from fusevol import __version__
 from fusevol.agent import preflight
 from fusevol.agent.launcher import LAUNCHER_FD_ENV, launch
-from fusevol.base import heap, log
 from fusevol.base.errors import FusevolError
 from fusevol.base.settings import (
     DEFAULT_KUBELET_DIR,
     DEFAULT_ROOT as DEFAULT_ROOT,  # the default the deployment files repeat (tests/deploy)
     ChangeDetection,
-    CsiSettings,
     HttpSettings,
     KubeSettings,
-    Settings,
 )
 from fusevol.node import layout
 
@@ -301,16 +298,25 @@ def main(argv: list[str] | None = None) -> int:
                 # after a crash serves again without first spending a second or two on imports.
                 import fusevol.agent.app  # noqa: F401
 
-                if (status := launch(layout.handover_socket(args.root.absolute()))) is not None:
+                launched = launch(layout.handover_socket(args.root.absolute()))
+                if launched is not None:
                     # the launcher's: the agent runs in its child (fusevol.agent.launcher)
-                    return status
-            return _run(args)
+                    return launched
+            from fusevol.cli import run
+
+            return run.main(args)
         if args.command == "teardown":
             preflight.check(root=args.root, kubeconfig=None, fuse=False)
-            return _teardown(args)
+            from fusevol.cli import teardown
+
+            return teardown.main(args)
         if args.command in ("wait", "mounts"):
-            return _runtime(args)
-        return _status(args)
+            from fusevol.cli import runtime
+
+            return runtime.main(args)
+        from fusevol.cli import status
+
+        return status.main(args)
     except FusevolError as exc:
         print(f"fusevol: {exc}", file=sys.stderr)
         return 1
@@ -329,126 +335,3 @@ def _leaves(group: BaseExceptionGroup[FusevolError]) -> Iterator[BaseException]:
             yield from _leaves(exc)
         else:
             yield exc
-
-
-def _run(args: argparse.Namespace) -> int:
-    import trio  # here: `fusevol run`'s launcher (fusevol.agent.launcher) starts fast without it
-
-    from fusevol.agent.app import run_until_signalled
-    from fusevol.projection.downward import node_allocatable
-
-    heap.one_arena()  # before the first thread
-    log.setup(args.log_level)
-    kube = _kube_settings(args)
-    if kube is None and not args.manifests.is_dir():
-        raise FusevolError(f"--manifests {args.manifests}: not a directory")
-    items = [item.strip() for item in args.node_allocatable.split(",") if item.strip()]
-    try:
-        if any("=" not in item for item in items):
-            raise ValueError("expected name=quantity[,name=quantity...]")
-        allocatable = dict(item.split("=", 1) for item in items)
-        node_allocatable(allocatable)
-    except ValueError as exc:
-        raise FusevolError(f"--node-allocatable: {exc}") from None
-    settings = Settings(
-        root=args.root.absolute(),
-        node_name=args.node_name,
-        manifests=None if kube is not None else args.manifests.absolute(),
-        kube=kube,
-        node_allocatable=allocatable,
-        http=HttpSettings(host=args.http_host, port=args.http_port),
-        csi=CsiSettings(args.csi_endpoint, args.kubelet_dir.absolute())
-        if args.csi_endpoint
-        else None,
-    )
-    trio.run(run_until_signalled, settings)
-    logging.getLogger(__name__).info("stopped")
-    return 0
-
-
-def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
-    """None for the manifest source; the API source's settings otherwise (module docstring)."""
-    source = args.source
-    if source is None:
-        if args.manifests is not None:
-            source = "manifests"
-        elif args.kubeconfig is not None or os.environ.get("KUBERNETES_SERVICE_HOST"):
-            source = "kubernetes"
-        else:
-            raise FusevolError(
-                "no source: give --manifests DIR or --kubeconfig PATH (or run in a pod)"
-            )
-    if source == "manifests":
-        if args.manifests is None:
-            raise FusevolError("--source manifests: give --manifests DIR (or FUSEVOL_MANIFESTS)")
-        if args.kubeconfig is not None:
-            raise FusevolError("--kubeconfig: not used with the manifests source")
-        return None
-    if args.manifests is not None:
-        raise FusevolError("--manifests: not used with the kubernetes source")
-    if args.sync_period <= 0 or args.cache_ttl < 0:
-        raise FusevolError("--sync-period must be positive and --cache-ttl not negative")
-    try:
-        strategy = ChangeDetection(args.change_detection)
-    except ValueError:
-        raise FusevolError(
-            f"--change-detection {args.change_detection}: not one of Watch, Cache, Get"
-        ) from None
-    return KubeSettings(
-        kubeconfig=None if args.kubeconfig is None else args.kubeconfig.absolute(),
-        change_detection=strategy,
-        sync_period_s=args.sync_period,
-        cache_ttl_s=args.cache_ttl,
-    )
-
-
-def _teardown(args: argparse.Namespace) -> int:
-    import trio
-
-    from fusevol.base.settings import MountSettings
-    from fusevol.cli.teardown import tear_down
-
-    log.setup("info")
-    removed = trio.run(
-        functools.partial(
-            tear_down,
-            args.root.absolute(),
-            command_timeout_s=MountSettings().command_timeout_s,
-        )
-    )
-    print(f"fusevol: {removed} mounts removed below {args.root}")
-    return 0
-
-
-def _runtime(args: argparse.Namespace) -> int:
-    """`fusevol wait` and `fusevol mounts` (`fusevol.cli.runtime`)."""
-    from fusevol.cli import runtime
-
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if not args.root.is_dir():
-        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
-    if args.command == "mounts":
-        print(runtime.mounts(args.root, args.pod, args.container, args.format))
-        return 0
-    timeout_s = runtime.parse_duration(args.timeout)
-    problems = runtime.wait(args.root, args.pod, timeout_s=timeout_s)
-    if problems:
-        print(f"fusevol: {runtime.wait_message(args.pod, timeout_s, problems)}", file=sys.stderr)
-        return 1
-    return 0
-
-
-def _status(args: argparse.Namespace) -> int:
-    from fusevol.observe import status
-
-    # `fusevol status | head`: end quietly at the closed pipe, as a C tool would.
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    if not args.root.is_dir():
-        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
-    collected = status.collect(args.root)
-    print(
-        json.dumps(collected, indent=2)
-        if args.json
-        else status.render_collected(collected, args.root)
-    )
-    return 0

@@ -19,16 +19,19 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 from fusevol.base.errors import FusevolError
+from fusevol.cli import status
 from fusevol.fuse import follow_process
 from fusevol.node import layout
 from fusevol.node.container_mounts import SubPathError, resolve, view_path
-from fusevol.observe import status
 
 if TYPE_CHECKING:
+    import argparse
     from pathlib import Path
 
 _DURATION = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ms|s|m|h)")
@@ -185,3 +188,19 @@ def _served(pod: dict[str, Any], volume: str) -> bool:
         and v.get("type") in ("configmap", "secret", "downward-api", "projected")
         for v in pod["volumes"]
     )
+
+
+def main(args: argparse.Namespace) -> int:
+    """`fusevol wait` and `fusevol mounts`."""
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    if not args.root.is_dir():
+        raise FusevolError(f"--root {args.root}: no such directory (is this the agent's root?)")
+    if args.command == "mounts":
+        print(mounts(args.root, args.pod, args.container, args.format))
+        return 0
+    timeout_s = parse_duration(args.timeout)
+    problems = wait(args.root, args.pod, timeout_s=timeout_s)
+    if problems:
+        print(f"fusevol: {wait_message(args.pod, timeout_s, problems)}", file=sys.stderr)
+        return 1
+    return 0

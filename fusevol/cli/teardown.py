@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol.agent.handover import find_predecessor
 from fusevol.agent.lock import AgentLock
+from fusevol.base import log
+from fusevol.base.settings import MountSettings
 from fusevol.fuse import follow_process
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
@@ -18,6 +21,7 @@ from fusevol.volumemanager.reconciler.reconstruct import (
 )
 
 if TYPE_CHECKING:
+    import argparse
     from pathlib import Path
 
 
@@ -40,3 +44,16 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
     finally:
         lock.release()
         backend.close()
+
+
+def main(args: argparse.Namespace) -> int:
+    log.setup("info")
+    removed = trio.run(
+        functools.partial(
+            tear_down,
+            args.root.absolute(),
+            command_timeout_s=MountSettings().command_timeout_s,
+        )
+    )
+    print(f"fusevol: {removed} mounts removed below {args.root}")
+    return 0
