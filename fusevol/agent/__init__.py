@@ -1,1 +1,13 @@
-"""The agent's process: its lifecycle, from the launcher to the hand-over."""
+"""The agent's process: its lifecycle, from the launcher to the hand-over.
+
+launcher      `fusevol run` forks the agent and holds its FUSE connection, so that a crash
+              of the agent fails no read; a restarted agent takes the connection over
+app           the composition root: builds the components, starts them in order, stops
+lifecycle     the agent's phases and the transitions between them, in one table
+lock          `<root>/fusevol/lock`: one agent reconciles a root at a time
+handover      a stopping agent answers FUSE as a lame duck until its successor holds on
+sdnotify      systemd's notify protocol (READY, STOPPING, watchdog, the fd store)
+preflight     start-up checks: a mistake is one line, before anything is created
+collector     Python's full garbage collections, at quiet moments
+source_setup  which source the settings ask for, and what the agent needs of it
+"""

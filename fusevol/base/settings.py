@@ -1,7 +1,10 @@
 """Settings, one frozen dataclass per subsystem; units are in the names.
 
-`fusevol.cli` fills them from flags and `FUSEVOL_*` environment variables; nothing else reads the
-environment. The defaults are here, and only here: the flags' defaults are read from them.
+`fusevol.cli` fills them from flags and `FUSEVOL_*` environment variables; no other setting
+comes from the environment (what else reads it are process protocols: the launcher's descriptors,
+systemd's NOTIFY_SOCKET and LISTEN_FDS, and one debugging aid, `FUSEVOL_TRACEMALLOC` in
+`fusevol.base.heap`). The defaults are here, and only here: the flags' defaults are read from
+them.
 """
 
 from __future__ import annotations

@@ -1,1 +1,7 @@
-"""What the agent shows of itself: the HTTP endpoints, Prometheus metrics, the status snapshot."""
+"""What the agent shows of itself.
+
+`http` (/healthz, /readyz, /metrics and /status), `metrics` (the Prometheus registry and metric
+types, kubelet's names where kubelet has one; the only user of prometheus_client),
+`component_metrics` (what each component tells Prometheus, read on every scrape) and `status`
+(the snapshot `fusevol status` reads, written when the reconciler is quiet).
+"""

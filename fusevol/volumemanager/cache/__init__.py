@@ -3,5 +3,6 @@ should and does hold.
 
 `store` (ObjectStore: one copy of every delivered object, never evicted), `desired` (the volumes
 the pods of this node want, filled by the populator) and `actual` (the volumes set up on the node,
-marked by the reconciler). Trio thread only; readers get snapshots. See docs/architecture.md.
+marked by the reconciler); `seen` (when the agent first saw each pod, kept across restarts). Trio
+thread only; readers get snapshots. See docs/architecture.md.
 """

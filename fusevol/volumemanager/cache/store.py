@@ -6,8 +6,9 @@ an object would make a served volume lose its content).
 
 Sources change the store through `upsert()` and `delete()`; both return whether anything changed,
 so a source may re-deliver an unchanged object for free. Every change bumps `generation` and wakes
-`wait_changed()`. `mark_synced()` records that a source has delivered its complete initial list:
-nothing is torn down before that (`wait_synced()`), so a restart never unmounts a volume whose pod
+`wait_changed()`. `mark_synced()` records that a source has delivered its complete initial list
+(`synced`, `wait_synced()`); the reconciler tears nothing down before the populator has added the
+pods of every source (`Populator.has_added_pods`), so a restart never unmounts a volume whose pod
 simply has not been read yet.
 
 All calls happen on the trio thread; there are no locks.

@@ -2,8 +2,9 @@
 
 It wakes on every change of the object store, when an operation ends (`Executor.wait_finished`),
 when a backoff expires, and at least every `resync_interval_s`. Each pass runs the populator, then
-`reconcile()`, which reads as kubelet's three steps, in this order so that a volume moving between
-pods is released first, between the two steps of the provisioner (`HostPathProvisioner` only):
+`reconcile()`, which reads as kubelet's three steps (1) to (3), in this order so that a volume
+moving between pods is released first, between the two steps of the provisioner (0) and (4)
+(`HostPathProvisioner` only):
 
     (0) provision         claims a pod here waits for, of a class this node provisions
     (1) unmount_orphans   volumes set up on the node that no pod wants any more
