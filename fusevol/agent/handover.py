@@ -197,8 +197,8 @@ async def release_once_set_up(
         )
 
     with trio.move_on_after(RELEASE_WAIT_S):
-        while uncertain():  # noqa: ASYNC110 - set-ups mark no event; a 10 ms poll is cheap
-            await trio.sleep(0.01)
+        while uncertain():
+            await actual.wait_changed(actual.generation)
     if uncertain():
         log.warning("releasing the previous agent with %d volumes not set up", uncertain())
     await predecessor.release()

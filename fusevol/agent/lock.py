@@ -71,6 +71,8 @@ class AgentLock:
                     log.info("waiting for the previous agent to let go pid=%s", holder)
                     if not handing_over:  # killed: free it if it is stuck on its own mount
                         await backend.unmount(layout.fuse_mountpoint(root), force=True)
+                    # Polled: the kernel tells no one when an flock is released, and a blocking
+                    # flock(2) in a worker thread could not be cancelled at the deadline.
                     await trio.sleep(0.05)
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)

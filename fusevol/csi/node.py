@@ -53,7 +53,7 @@ from fusevol.volumemanager.cache.actual import MountedVolume, MountState
 from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
     from fusevol.volumemanager.cache.actual import ActualState
@@ -68,7 +68,6 @@ POD_WAIT_S = 5.0
 """How long a publish waits for the source to deliver its pod (kubelet may see it first)."""
 PUBLISH_TIMEOUT_S = 60.0
 """How long a publish or unpublish waits for the reconciler (kubelet's own timeout is 2 min)."""
-POLL_S = 0.005
 
 
 class Tracker(Protocol):
@@ -333,16 +332,16 @@ class CsiNode:
             self._saved = newest
 
     async def _wait_served(self, name: UniqueVolumeName) -> None:
-        """(5) Until the reconciler has set the volume up with its current inputs."""
+        """(5) Until the reconciler has set the volume up with its current inputs; its error if
+        an operation of it failed with them while we waited (or failed before and waits for its
+        retry)."""
         status = self._executor.status(name)
-        failures = status.failures if status is not None else 0
-        seen_pending = False
+        failures, ended = (status.failures, status.ended) if status is not None else (0, 0)
         with trio.move_on_after(self._timeout_s):
             while True:
+                since = self._executor.finished, self._actual.generation, self._desired.generation
                 volume = self._desired.get(name)
-                pending = self._executor.is_pending(name)
-                seen_pending |= pending
-                if volume is not None and not pending:
+                if volume is not None and not self._executor.is_pending(name):
                     inputs = self._volumes.inputs(volume)
                     mounted = self._actual.get(name)
                     if (
@@ -357,13 +356,13 @@ class CsiNode:
                         and status.last_error
                         and status.failed_inputs == inputs
                         and (
-                            seen_pending
+                            status.ended != ended
                             or status.failures != failures
                             or trio.current_time() < status.retry_at
                         )
                     ):
                         raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await trio.sleep(POLL_S)
+                await self._changed(*since)
         raise CsiError(
             Code.DEADLINE_EXCEEDED, f"volume not set up within {self._timeout_s:g}s, still trying"
         )
@@ -371,6 +370,7 @@ class CsiNode:
     async def _wait_torn_down(self, name: UniqueVolumeName) -> None:
         with trio.move_on_after(self._timeout_s):
             while True:
+                since = self._executor.finished, self._actual.generation, self._desired.generation
                 pending = self._executor.is_pending(name)
                 if not pending and self._actual.get(name) is None:
                     return
@@ -382,11 +382,25 @@ class CsiNode:
                     and status.last_error
                 ):
                     raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await trio.sleep(POLL_S)
+                await self._changed(*since)
         raise CsiError(
             Code.DEADLINE_EXCEEDED,
             f"volume not torn down within {self._timeout_s:g}s, still trying",
         )
+
+    async def _changed(self, finished: int, actual: int, desired: int) -> None:
+        """Until, after these readings, an operation ends, the actual state changes (a volume of
+        a shared subtree is marked refreshed without an operation of its own) or the desired
+        state does (the populator resolved a volume, with nothing to do for it)."""
+        async with trio.open_nursery() as nursery:
+
+            async def until(wait: Callable[[int], Awaitable[None]], since: int) -> None:
+                await wait(since)
+                nursery.cancel_scope.cancel()
+
+            nursery.start_soon(until, self._executor.wait_finished, finished)
+            nursery.start_soon(until, self._actual.wait_changed, actual)
+            nursery.start_soon(until, self._desired.wait_changed, desired)
 
 
 def _unique_name(volume_id: str) -> UniqueVolumeName:

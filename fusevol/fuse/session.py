@@ -97,8 +97,10 @@ async def serve(
             if take_over is not None:
                 connected(take_over)
             elif can_take_over():
+                # Polled: pyfuse3 answers the kernel's INIT in its own task and signals nothing;
+                # the INIT arrives at once, so a few polls at most.
                 while (request := pyfuse3.init_request()) is None:  # noqa: ASYNC110
-                    await trio.sleep(0.005)  # the INIT arrives at once: a few polls at most
+                    await trio.sleep(0.005)
                 connected(Connection(_session_fd(), request))
     finally:
         detach = unmount()

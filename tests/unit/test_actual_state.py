@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import trio
+import trio.testing
+
 from fusevol.model import PodUID, UniqueVolumeName
 from fusevol.node.layout import Plugin
 from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
@@ -45,3 +48,28 @@ def test_a_volume_marked_again_for_another_pod_leaves_the_first() -> None:
     assert actual.pod_has_volumes(PodUID("b"))
     actual.mark_unmounted(UniqueVolumeName("shared"))
     assert not actual.pod_has_volumes(PodUID("b"))
+
+
+async def test_every_change_wakes_a_waiter_and_a_no_op_does_not() -> None:
+    actual = ActualState()
+    woke: list[int] = []
+
+    async def waiter() -> None:
+        while True:
+            await actual.wait_changed(actual.generation)
+            woke.append(actual.generation)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(waiter)
+        await trio.testing.wait_all_tasks_blocked()
+        actual.mark_mounted(volume("a/config", "a"))
+        await trio.testing.wait_all_tasks_blocked()
+        actual.mark_unmounted(UniqueVolumeName("b/none"))  # not mounted: no change
+        await trio.testing.wait_all_tasks_blocked()
+        actual.mark_mounted(volume("a/config", "a"))  # a refresh is a change
+        await trio.testing.wait_all_tasks_blocked()
+        actual.mark_unmounted(UniqueVolumeName("a/config"))
+        await trio.testing.wait_all_tasks_blocked()
+        nursery.cancel_scope.cancel()
+    assert woke == [1, 2, 3]
+    await actual.wait_changed(0)  # changed since: at once

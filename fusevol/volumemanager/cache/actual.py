@@ -12,6 +12,8 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fusevol.volumemanager.cache.changes import Changes
+
 if TYPE_CHECKING:
     from collections.abc import Hashable
     from pathlib import Path
@@ -43,25 +45,45 @@ class MountedVolume:
 
 
 class ActualState:
+    """Every change bumps `generation` and wakes `wait_changed()`, as the object store's do: a
+    caller waiting for a volume to be set up (the hand-over, a CSI publish) waits on it."""
+
     def __init__(self) -> None:
         self._volumes: dict[UniqueVolumeName, MountedVolume] = {}
         self._by_pod: dict[PodUID, set[UniqueVolumeName]] = {}
         """The names in `_volumes` by pod: a pod's tear-down asks after each of its volumes
         whether any is left, which a scan of every volume made quadratic in the node's pods."""
+        self._changes = Changes()
 
     def mark_mounted(self, volume: MountedVolume) -> None:
-        self.mark_unmounted(volume.name)
+        self._forget(volume.name)
         self._volumes[volume.name] = volume
         self._by_pod.setdefault(volume.pod_uid, set()).add(volume.name)
+        self._changes.bump()
 
     def mark_unmounted(self, name: UniqueVolumeName) -> None:
         """No-op if the volume is not mounted."""
+        if self._forget(name):
+            self._changes.bump()
+
+    def _forget(self, name: UniqueVolumeName) -> bool:
         volume = self._volumes.pop(name, None)
-        if volume is not None:
-            names = self._by_pod[volume.pod_uid]
-            names.discard(name)
-            if not names:
-                del self._by_pod[volume.pod_uid]
+        if volume is None:
+            return False
+        names = self._by_pod[volume.pod_uid]
+        names.discard(name)
+        if not names:
+            del self._by_pod[volume.pod_uid]
+        return True
+
+    @property
+    def generation(self) -> int:
+        """How many changes so far."""
+        return self._changes.value
+
+    async def wait_changed(self, since: int) -> None:
+        """Return as soon as `generation` differs from `since`."""
+        await self._changes.wait_changed(since)
 
     def get(self, name: UniqueVolumeName) -> MountedVolume | None:
         return self._volumes.get(name)

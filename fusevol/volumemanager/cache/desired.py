@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from fusevol.volumemanager.cache.changes import Changes
+
 if TYPE_CHECKING:
     from pathlib import Path
 
@@ -63,12 +65,25 @@ class CsiVolume:
 
 
 class DesiredState:
+    """Every change bumps `generation` and wakes `wait_changed()`: a CSI publish waits on it
+    for the populator to resolve its volume."""
+
     def __init__(self) -> None:
         self._pods: dict[PodUID, Pod] = {}
         self._volumes: dict[UniqueVolumeName, VolumeToServe] = {}
         self._by_pod: dict[PodUID, tuple[VolumeToServe, ...]] = {}
         self._csi: dict[UniqueVolumeName, CsiVolume] = {}
         self._csi_resolved: dict[UniqueVolumeName, VolumeToServe] = {}
+        self._changes = Changes()
+
+    @property
+    def generation(self) -> int:
+        """How many changes so far."""
+        return self._changes.value
+
+    async def wait_changed(self, since: int) -> None:
+        """Return as soon as `generation` differs from `since`."""
+        await self._changes.wait_changed(since)
 
     def set_pod(self, pod: Pod, volumes: tuple[VolumeToServe, ...]) -> bool:
         """Add `pod` wanting `volumes`, or replace it. Returns False if nothing changed."""
@@ -79,6 +94,7 @@ class DesiredState:
         self._by_pod[pod.uid] = volumes
         for volume in volumes:
             self._volumes[volume.name] = volume
+        self._changes.bump()
         return True
 
     def delete_pod(self, uid: PodUID) -> bool:
@@ -87,22 +103,28 @@ class DesiredState:
             return False
         for volume in self._by_pod.pop(uid, ()):
             del self._volumes[volume.name]
+        self._changes.bump()
         return True
 
     def set_csi(self, volume: CsiVolume) -> None:
         """Add or replace a CSI volume; the populator's next pass resolves it (`set_resolved`)."""
         self._csi[volume.name] = volume
         self._csi_resolved.pop(volume.name, None)
+        self._changes.bump()
 
     def set_resolved(self, name: UniqueVolumeName, resolved: VolumeToServe) -> None:
         """What CSI volume `name` is to serve now (the populator). No-op if it is gone."""
-        if name in self._csi:
+        if name in self._csi and self._csi_resolved.get(name) != resolved:
             self._csi_resolved[name] = resolved
+            self._changes.bump()
 
     def delete_csi(self, name: UniqueVolumeName) -> bool:
         """Forget a CSI volume. No-op (False) if it is not known."""
         self._csi_resolved.pop(name, None)
-        return self._csi.pop(name, None) is not None
+        if self._csi.pop(name, None) is None:
+            return False
+        self._changes.bump()
+        return True
 
     def csi_volumes(self) -> tuple[CsiVolume, ...]:
         return tuple(self._csi.values())

@@ -35,6 +35,7 @@ from fusevol.model import (
     ServiceAccountToken,
     StorageClass,
 )
+from fusevol.volumemanager.cache.changes import Changes
 
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -65,8 +66,7 @@ class ObjectStore:
         self._changed_in: dict[ObjectKey, int] = {}
         """Each changed key's generation at its last change, oldest change first: the keys
         changed since a generation are read from its end (`changed_since`)."""
-        self._generation = 0
-        self._changed = trio.Event()
+        self._changes = Changes()
         self._synced = trio.Event()
 
     # -- verbs used by sources ---------------------------------------------------------------------
@@ -120,7 +120,7 @@ class ObjectStore:
     @property
     def generation(self) -> int:
         """Counts changes; compare two readings to learn whether anything changed in between."""
-        return self._generation
+        return self._changes.value
 
     @property
     def synced(self) -> bool:
@@ -131,14 +131,13 @@ class ObjectStore:
 
     async def wait_changed(self, since: int) -> None:
         """Return as soon as `generation` differs from `since`."""
-        while self._generation == since:
-            await self._changed.wait()
+        await self._changes.wait_changed(since)
 
     def statistics(self) -> StoreStatistics:
         counts: dict[str, int] = {}
         for key in self._objects:
             counts[key.kind.value] = counts.get(key.kind.value, 0) + 1
-        return StoreStatistics(counts, self._generation, self.synced)
+        return StoreStatistics(counts, self._changes.value, self.synced)
 
     def changed_since(self, generation: int) -> tuple[ObjectKey, ...]:
         """The keys of the objects added or changed after `generation` (and not deleted since),
@@ -148,10 +147,8 @@ class ObjectStore:
         return tuple(key for key, _ in since)
 
     def _bump(self, key: ObjectKey | None = None) -> None:
-        self._generation += 1
+        self._changes.bump()
         if key is not None:
             self._changed_in.pop(key, None)  # moved to the end: the newest change
             if key in self._objects:
-                self._changed_in[key] = self._generation
-        self._changed.set()
-        self._changed = trio.Event()
+                self._changed_in[key] = self._changes.value

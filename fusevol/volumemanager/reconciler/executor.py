@@ -61,6 +61,8 @@ class VolumeOperationStatus:
     operation: str = ""
     """The last operation started: mount, refresh or unmount."""
     pending: bool = False
+    ended: int = 0
+    """How many of the volume's operations have ended, successfully or not."""
     failures: int = 0
     last_error: str = ""
     retry_at: float = -math.inf
@@ -220,6 +222,7 @@ class Executor:
                 self._status.pop(name, None)
         finally:
             status.pending = False
+            status.ended += 1
             self._finished += 1
             self._finished_event.set()
             self._finished_event = trio.Event()
