@@ -43,6 +43,7 @@ from fusevol.agent import sdnotify
 from fusevol.agent.collector import collect_when_quiet
 from fusevol.agent.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
+from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
 from fusevol.agent.source_setup import build_source
 from fusevol.fuse import follow_process, snapshot
@@ -77,6 +78,7 @@ if TYPE_CHECKING:
 
     from fusevol.base.settings import Settings
     from fusevol.csi.server import CsiServer
+    from fusevol.volumemanager.cache.actual import MountedVolume
 
 log = logging.getLogger(__name__)
 
@@ -168,7 +170,7 @@ class Agent:
             host=settings.http.host,
             port=settings.http.port,
             metrics=self.metrics,
-            healthy=lambda: self._fuse_up,
+            healthy=lambda: self.lifecycle.fuse_up,
             ready=lambda: self.store.synced and self.reconciler.passes > 0,
             status=self.status.snapshot,
         )
@@ -202,18 +204,20 @@ class Agent:
                     track=built.csi_track,
                     source_name=built.name,
                 ),
-                ready=lambda: self._fuse_up and self.store.synced and self.reconciler.passes > 0,
+                ready=lambda: (
+                    self.lifecycle.fuse_up and self.store.synced and self.reconciler.passes > 0
+                ),
             )
-        self._fuse_up = False
-        self.handover = False
-        """Set by `stop()`: leave the pod volumes mounted for the next agent."""
+        self.lifecycle = Lifecycle()
+        """The agent's phase (fusevol.agent.lifecycle): every step of a stop is a transition."""
         self._launcher = launcher
         self._active = trio.CancelScope()
+        """SERVING's scope: cancelled by `stop()`."""
         self._publisher_scope = trio.CancelScope()
         self._lame_duck = trio.CancelScope(shield=True)
-        self._detached = False
-        """Our FUSE mountpoint was detached for the next agent: never unmount it on exit."""
+        """LAME_DUCK's scope: shielded from the stop that began it, cancelled by SIGINT."""
         self._fuse_scope = trio.CancelScope(shield=True)
+        """The FUSE server's: it outlives every other component, and stops last."""
         self._connection: Connection | None = None
         """Our FUSE connection, once the launcher holds it too (`_connected`)."""
 
@@ -258,44 +262,14 @@ class Agent:
                 try:
                     with self._active:
                         async with trio.open_nursery() as nursery:
-                            await nursery.start(self.executor.run)  # (4)
-                            await nursery.start(self.status.run)
-                            if self.settings.http.port >= 0:
-                                await nursery.start(self.http.run)
-                            nursery.start_soon(sdnotify.watchdog)
-                            nursery.start_soon(collect_when_quiet, self.store)
-                            await nursery.start(self.source.run)  # (5)
-                            await nursery.start(self.reconciler.run)  # (6)
-                            if self.csi is not None:  # CSI node plugin: after the reconciler
-                                await nursery.start(self.csi.run)
-                                found = [*found, *self.csi.node.restored]  # a lame duck's too
-                            if predecessor is not None:
-                                release = functools.partial(
-                                    release_once_set_up,
-                                    predecessor,
-                                    actual=self.actual,
-                                    found=[volume.name for volume in found],
-                                )
-                                nursery.start_soon(release)
-                            log.info("ready root=%s node=%s", root, self.settings.node_name)
-                            sdnotify.notify(sdnotify.READY)
+                            await self._start(nursery, found, predecessor)
                             task_status.started()
                 finally:
                     sdnotify.notify(sdnotify.STOPPING)
+                    if not self.lifecycle.stopping:  # a failure, or a cancellation from outside
+                        self.lifecycle.enter(Phase.TEARING_DOWN, "stopped without a signal")
                     try:
-                        if self.handover:
-                            lock.mark_handing_over()
-                            log.info("handing over: pod volumes stay mounted for the next agent")
-                        else:
-                            await self._tear_down(predecessor)
-                        self._publisher_scope.cancel()
-                        if self.handover and self._launcher is not None:
-                            with self._lame_duck:
-                                await be_lame_duck(
-                                    root,
-                                    let_go=lambda: self._let_go(lock),
-                                    hand_over=self._hand_over if self._connection else None,
-                                )
+                        await self._stop(lock, predecessor)
                     finally:  # whatever failed above: the FUSE server must stop, or we never exit
                         fuse_scope.cancel()
                         fuse_nursery.cancel_scope.cancel()
@@ -304,6 +278,65 @@ class Agent:
             self.backend.close()
             if self._launcher is not None:
                 self._launcher.close()
+
+    async def _start(
+        self,
+        nursery: trio.Nursery,
+        found: list[MountedVolume],
+        predecessor: Predecessor | None,
+    ) -> None:
+        """Steps (4) to (6) in `nursery`, then SERVING: the agent is ready."""
+        root = self.settings.root
+        await nursery.start(self.executor.run)  # (4)
+        await nursery.start(self.status.run)
+        if self.settings.http.port >= 0:
+            await nursery.start(self.http.run)
+        nursery.start_soon(sdnotify.watchdog)
+        nursery.start_soon(collect_when_quiet, self.store)
+        await nursery.start(self.source.run)  # (5)
+        await nursery.start(self.reconciler.run)  # (6)
+        if self.csi is not None:  # CSI node plugin: after the reconciler
+            await nursery.start(self.csi.run)
+            found = [*found, *self.csi.node.restored]  # a lame duck's too
+        if predecessor is not None:
+            release = functools.partial(
+                release_once_set_up,
+                predecessor,
+                actual=self.actual,
+                found=[volume.name for volume in found],
+            )
+            nursery.start_soon(release)
+        self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
+        log.info("ready root=%s node=%s", root, self.settings.node_name)
+        sdnotify.notify(sdnotify.READY)
+
+    async def _stop(self, lock: AgentLock, predecessor: Predecessor | None) -> None:
+        """HANDING_OVER or TEARING_DOWN, to the end: STOPPED, or LAME_DUCK first when launched."""
+        if self.lifecycle.phase is Phase.TEARING_DOWN:
+            await self._tear_down(predecessor)
+            self._publisher_scope.cancel()
+            self.lifecycle.enter(Phase.STOPPED, "pod volumes unmounted")
+            return
+        lock.mark_handing_over()
+        log.info("handing over: pod volumes stay mounted for the next agent")
+        self._publisher_scope.cancel()
+        if self._launcher is None:
+            self.lifecycle.enter(Phase.STOPPED, "no launcher: nothing answers for the pod binds")
+            return
+        outcome = False
+        with self._lame_duck:
+            outcome = await be_lame_duck(
+                self.settings.root,
+                let_go=lambda: self._let_go(lock),
+                hand_over=self._hand_over if self._connection else None,
+            )
+        if self.lifecycle.phase is Phase.HANDING_OVER:
+            why = "ended before it could let go"
+        elif self._lame_duck.cancel_called:
+            why = "SIGINT: no more waiting for a successor"
+        else:
+            why = "the next agent holds on" if outcome else "no successor came"
+        self.lifecycle.enter(Phase.STOPPED, why)
 
     async def _tear_down(self, predecessor: Predecessor | None) -> None:
         """SIGINT's stop: every pod volume unmounted, the pod directories removed."""
@@ -320,7 +353,7 @@ class Agent:
     def _let_go(self, lock: AgentLock) -> None:
         """A lame duck's mountpoint is detached: release the lock and the launcher, which exits."""
         assert self._launcher is not None
-        self._detached = True
+        self.lifecycle.enter(Phase.LAME_DUCK, "lock released; answering FUSE for the pod binds")
         lock.release()
         self._launcher.detach()
 
@@ -329,18 +362,20 @@ class Agent:
         return our connection's descriptors for the successor (fusevol.agent.handover)."""
         assert self._connection is not None
         assert self._journal is not None
-        self._detached = True  # the mount is the successor's now: never unmount it
+        self.lifecycle.enter(Phase.TRANSFERRING, "the next agent takes the FUSE connection over")
         fuse_fd = os.dup(self._connection.fd)  # pyfuse3 closes its own as it stops
         self._fuse_scope.cancel()
-        while self._fuse_up:  # noqa: ASYNC110 - a few ms: the FUSE tasks end at once
-            await trio.sleep(0.001)
+        await self.lifecycle.wait_fuse_stopped()
         log.info("handing the FUSE connection over to the next agent")
         return [fuse_fd, self._journal.fd]
 
-    def stop(self, *, handover: bool) -> None:
+    def stop(self, *, handover: bool, why: str) -> None:
         """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
         serving them as a lame duck until the next agent has stacked its binds)."""
-        self.handover = handover
+        if self.lifecycle.stopping:  # a failure began one already
+            log.info("stop on %s: already %s", why, self.lifecycle.phase.value)
+            return
+        self.lifecycle.enter(Phase.HANDING_OVER if handover else Phase.TEARING_DOWN, why)
         self._active.cancel()
 
     def end_lame_duck(self) -> None:
@@ -357,18 +392,18 @@ class Agent:
         mountpoint = layout.fuse_mountpoint(self.settings.root)
         with scope:
             try:
-                self._fuse_up = True
+                self.lifecycle.fuse_started()
                 await serve(
                     self.operations,
                     mountpoint,
                     max_tasks=self.settings.fuse.max_tasks,
-                    unmount=lambda: not self._detached,
+                    unmount=lambda: not self.lifecycle.mount_handed_on,
                     take_over=self._take_over,
                     connected=self._connected,
                     task_status=task_status,
                 )
             finally:
-                self._fuse_up = False
+                self.lifecycle.fuse_stopped()
 
     def _connected(self, connection: Connection) -> None:
         """The kernel's INIT is answered: have the launcher keep the connection and our tree's
@@ -404,9 +439,6 @@ async def _stop_on_signals(agent: Agent, signals: AsyncIterator[int]) -> None:
             continue
         stopping = True
         handover = signum == signal.SIGTERM
-        log.info(
-            "stopping on %s: %s",
-            signal.Signals(signum).name,
-            "hand over" if handover else "tear down",
-        )
-        agent.stop(handover=handover)
+        name = signal.Signals(signum).name
+        log.info("stopping on %s: %s", name, "hand over" if handover else "tear down")
+        agent.stop(handover=handover, why=name)
