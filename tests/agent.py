@@ -242,6 +242,27 @@ class AgentProcess:
             text=True,
         ).stdout
 
+    def live_statistics(self) -> dict[str, Any]:
+        """The components' counters now (`/status`, built when asked)."""
+        code, body = self.http_get("/status")
+        assert code == 200, body
+        statistics: dict[str, Any] = json.loads(body)["statistics"]
+        return statistics
+
+    def wait_reconciled(self, *, timeout_s: float = 10.0) -> dict[str, Any]:
+        """Until the reconciler has acted on everything its store holds now: a complete pass
+        started from the store's generation, and no operation pending. What the agent would
+        have done by then about a change already in the store (or already refused), it has
+        done: a test may then assert that something did not happen. Returns the statistics."""
+
+        def settled() -> dict[str, Any] | None:
+            stats = self.live_statistics()
+            reconciled = stats["reconciler"]["store_generation"] == stats["store"]["generation"]
+            return stats if reconciled and stats["executor"]["pending"] == 0 else None
+
+        found: dict[str, Any] = wait_for(settled, timeout_s=timeout_s, interval_s=0.01)
+        return found
+
     def http_get(self, path: str) -> tuple[int, str]:
         """GET `path` from the agent's HTTP server: (status, body)."""
         match = re.search(r"http listening address=\S*:(\d+)", self.log_text())

@@ -229,6 +229,7 @@ class Agent:
             "executor": dataclasses.asdict(self.executor.statistics()),
             "store": dataclasses.asdict(self.store.statistics()),
             "source": dataclasses.asdict(self.source.statistics()),
+            "reconciler": dataclasses.asdict(self.reconciler.statistics()),
         }
 
     def _tidy(self) -> None:

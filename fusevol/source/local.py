@@ -159,6 +159,7 @@ class ManifestSource:
         # trio thread also answers FUSE requests, and a manifest directory on a slow or hung
         # filesystem (or a 1 MiB YAML to parse) must not stall every volume; the hop costs a
         # fraction of a millisecond.
+        log.debug("reading manifests files=%s", ",".join(sorted(names)))
         results = await trio.to_thread.run_sync(_read_files, self._directory, sorted(names))
         for name, result in results.items():
             self._apply(name, result)

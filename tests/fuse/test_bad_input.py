@@ -13,7 +13,6 @@ import base64
 import os
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -67,7 +66,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # set-ups are expected of this agent; anything else it logs at WARNING or above is not.
     expected = (
         r" ERROR fusevol\.source\.local: ",
-        r" ERROR fusevol\.reconciler\.executor: mount failed ",
+        r" ERROR fusevol\.volumemanager\.reconciler\.executor: mount failed ",
     )
     with running_agent(manifests, base / "root", expect_log=expected) as agent:
         agent.wait_state(POD_UID, "config", "mounted")
@@ -186,7 +185,7 @@ def test_unknown_kind_is_skipped_without_an_error(served: Served) -> None:
 def test_bad_edit_of_a_served_object_keeps_its_last_version(served: Served, bad_edit: str) -> None:
     tail = served.drop("configmap.yaml", bad_edit)
     error_line(tail, "manifest rejected", "configmap.yaml")
-    time.sleep(0.1)  # a wrongly accepted edit would be published by now (about 5 ms)
+    served.agent.wait_reconciled()  # a wrongly accepted edit would be published by then
     write_atomically(served.manifests / "configmap.yaml", configmap())
     tail.wait_line("manifest read", "configmap.yaml", "objects=1")
 

@@ -8,7 +8,6 @@ FUSE mount dies) or stops it answering for seconds, so they cannot share the mod
 from __future__ import annotations
 
 import os
-import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -77,7 +76,7 @@ def test_long_quantity_does_not_stall_the_served_volumes(manifests: Path, tmp_pa
             "kind: Pod\nmetadata: {name: q}\nspec:\n  containers:\n  - name: c\n"
             "    resources: {limits: {cpu: '" + "1" * 30_000 + "x'}}\n"
         )
-        time.sleep(0.3)  # the agent is parsing it now
+        tail.wait_line("reading manifests", "quantity.yaml")  # it is being parsed now
         try:
             assert read_within(volume / "b", timeout_s=1.0) == b"beta"
         finally:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import stat
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -76,7 +75,7 @@ def test_delete_policy_first_use_shared_data_then_removed(tmp_path: Path) -> Non
             'mount failed .*persistentvolumeclaim "data" not found',
         ),
     ) as agent:
-        time.sleep(0.3)  # the agent is ready: nothing is provisioned without a consumer
+        agent.wait_reconciled()  # nothing is provisioned without a consumer
         assert not base.exists()
         assert recorded(agent) == []
 
@@ -116,7 +115,7 @@ def test_delete_policy_first_use_shared_data_then_removed(tmp_path: Path) -> Non
         (manifests / "claim.yaml").unlink()
         agent.wait_state(uid(2), "data", "failed")
         wait_for(lambda: str(second) not in mounts_below(agent.root))
-        time.sleep(0.3)
+        agent.wait_reconciled()
         assert (directory / "hello").read_text() == "from pod 1"
         (manifests / "pod-2.yaml").unlink()
         wait_for(lambda: f"volume deleted pv={name}" in agent.log_text())

@@ -209,7 +209,7 @@ class World:
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
-            volumes=cast("Volumes", self.volumes),
+            volumes=self.volumes,
             resync_interval_s=SETTINGS.resync_interval_s,
         )
 

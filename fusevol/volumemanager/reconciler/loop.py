@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -39,17 +40,39 @@ from fusevol.provision.hostpath import PROVISIONER
 from fusevol.volumemanager.cache.actual import MountState
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable, Iterator
+    from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator
 
+    from fusevol.model import PodUID
     from fusevol.provision.hostpath import HostPathProvisioner
     from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
     from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.populator import Populator
     from fusevol.volumemanager.reconciler.executor import Executor
-    from fusevol.volumemanager.reconciler.volumes import Volumes
 
 log = logging.getLogger(__name__)
+
+
+class VolumeOperations(Protocol):
+    """What the reconciler asks of the volumes (`fusevol.volumemanager.reconciler.volumes`)."""
+
+    def inputs(self, volume: VolumeToServe) -> Hashable: ...
+    def shared_subtree(self, volume: VolumeToServe) -> bytes | None: ...
+    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]: ...
+    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool: ...
+    def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume: ...
+    async def set_up(self, volume: VolumeToServe) -> MountedVolume: ...
+    async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume: ...
+    async def tear_down(self, mounted: MountedVolume) -> None: ...
+    async def remove_pod_dir(self, uid: PodUID) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReconcilerStatistics:
+    passes: int
+    store_generation: int
+    """The object store's generation the last complete pass started from: once it is the
+    store's own and no operation is pending, everything the store holds has been acted on."""
 
 
 class Reconciler:
@@ -61,7 +84,7 @@ class Reconciler:
         desired: DesiredState,
         actual: ActualState,
         executor: Executor,
-        volumes: Volumes,
+        volumes: VolumeOperations,
         resync_interval_s: float,
         on_pass: Callable[[], None] = lambda: None,
         on_volume_failed: Callable[[VolumeToServe, str], None] = lambda *_: None,
@@ -81,6 +104,8 @@ class Reconciler:
         self._on_pass = on_pass
         self._wakeup = trio.Event()
         self._passes = 0
+        self._reconciled = -1
+        """The store's generation at the start of the last complete pass."""
         self._pass_s = 0.0
         """How long the last pass took (`_follow_executor` spaces its passes by it)."""
 
@@ -91,6 +116,9 @@ class Reconciler:
     @property
     def passes(self) -> int:
         return self._passes
+
+    def statistics(self) -> ReconcilerStatistics:
+        return ReconcilerStatistics(passes=self._passes, store_generation=self._reconciled)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         async with trio.open_nursery() as nursery:
@@ -114,6 +142,7 @@ class Reconciler:
                     started = trio.current_time()
                 self._pass_s = spent + trio.current_time() - started
                 self._passes += 1
+                self._reconciled = generation
                 self._on_pass()
                 deadline = min(
                     trio.current_time() + self._resync_interval_s, self._executor.next_retry_at()
