@@ -14,7 +14,8 @@ source when `--kubeconfig` is given or when running in a pod (in-cluster configu
 Every flag of `run` can also be set as an environment variable `FUSEVOL_<FLAG>` (upper case,
 dashes as underscores: `FUSEVOL_NODE_NAME`); a flag given on the command line wins. An empty
 variable counts as unset; a value the flag would not take is bad usage, named by its variable,
-unless the flag is given. The defaults are `fusevol.base.settings`'.
+unless the flag is given (checked before anything is parsed: `--version` too). The defaults are
+`fusevol.base.settings`'.
 Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2 for bad usage.
 
 This package parses the command line and dispatches; each command is a module of its own:
@@ -65,26 +66,38 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 
 @dataclass(frozen=True)
 class _BadVariable:
-    """The default of a flag whose `FUSEVOL_*` variable holds a value the flag does not take:
-    a usage error once parsing shows that the flag was not given (a flag given wins)."""
+    """A `FUSEVOL_*` variable whose value its flag would not take: bad usage of any command
+    (`--version` and `--help` included) unless the flag itself is given, which wins."""
 
+    flag: str
     variable: str
     value: str
     reason: str
 
-    def __str__(self) -> str:
-        return self.value  # what --help shows as the default: what the variable says
+    def given_in(self, argv: Sequence[str]) -> bool:
+        return any(arg == self.flag or arg.startswith(f"{self.flag}=") for arg in argv)
+
+    def usage_error(self) -> str:
+        return f"fusevol: error: {self.variable}={self.value!r}: {self.reason}\n"
 
 
 class _Parser(argparse.ArgumentParser):
+    """Refuses a bad `FUSEVOL_*` variable before anything is parsed (`_BadVariable`)."""
+
+    bad_variables: list[_BadVariable]
+
     def parse_known_args(  # type: ignore[override]
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
-        parsed, extras = super().parse_known_args(args, namespace)
-        for value in vars(parsed).values():
-            if isinstance(value, _BadVariable):
-                self.exit(2, f"fusevol: error: {value.variable}={value.value!r}: {value.reason}\n")
-        return parsed, extras
+        argv = sys.argv[1:] if args is None else list(args)
+        for bad in getattr(self, "bad_variables", ()):
+            if not bad.given_in(argv):
+                self.exit(2, bad.usage_error())
+        return super().parse_known_args(argv, namespace)
+
+
+_BAD_VARIABLES: list[_BadVariable] = []
+"""Filled while `_parser()` builds the parser; the top-level parser checks them."""
 
 
 def _env_option(
@@ -100,15 +113,18 @@ def _env_option(
     not empty, converted and checked as the flag's value would be."""
     variable = "FUSEVOL_" + flag.removeprefix("--").upper().replace("-", "_")
     if value := os.environ.get(variable):
+        reason = ""
         try:
-            default = type(value)
+            converted = type(value)
         except (TypeError, ValueError):  # what argparse catches from a type
-            name = getattr(type, "__name__", repr(type))
-            default = _BadVariable(variable, value, f"invalid {name} value")
+            reason = f"invalid {getattr(type, '__name__', repr(type))} value"
         else:
-            if choices is not None and default not in choices:
-                allowed = ", ".join(map(repr, choices))
-                default = _BadVariable(variable, value, f"invalid choice (choose from {allowed})")
+            if choices is not None and converted not in choices:
+                reason = f"invalid choice (choose from {', '.join(map(repr, choices))})"
+        if reason:
+            _BAD_VARIABLES.append(_BadVariable(flag, variable, value, reason))
+        else:
+            default = converted
     parser.add_argument(flag, type=type, choices=choices, default=default, **kwargs)
 
 
@@ -117,6 +133,7 @@ def _root_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _parser() -> argparse.ArgumentParser:
+    _BAD_VARIABLES.clear()
     parser = _Parser(prog="fusevol", description=DESCRIPTION)
     parser.add_argument("--version", action="version", version=f"fusevol {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -280,6 +297,7 @@ def _parser() -> argparse.ArgumentParser:
         help="ctr run --mount arguments, the OCI runtime spec's mounts array, or JSON "
         "(default: %(default)s)",
     )
+    parser.bad_variables = list(_BAD_VARIABLES)
     return parser
 
 

@@ -78,13 +78,13 @@ def test_a_flag_given_wins_over_a_bad_variable(monkeypatch: pytest.MonkeyPatch) 
     assert (args.http_port, args.source) == (0, "manifests")
 
 
-def test_a_bad_variable_does_not_stop_version_or_help() -> None:
-    version = fusevol("--version", FUSEVOL_HTTP_PORT="x")
-    assert (version.returncode, version.stderr) == (0, "")
-    assert version.stdout.startswith("fusevol ")
-    shown = fusevol("run", "--help", FUSEVOL_HTTP_PORT="x")
-    assert (shown.returncode, shown.stderr) == (0, "")
-    assert "none (default: x)" in " ".join(shown.stdout.split())
+def test_a_bad_variable_is_bad_usage_of_every_command_version_and_help_included() -> None:
+    line = "fusevol: error: FUSEVOL_HTTP_PORT='x': invalid int value\n"
+    for argv in (["--version"], ["run", "--help"], ["status", "--root", "/"]):
+        result = fusevol(*argv, FUSEVOL_HTTP_PORT="x")
+        assert (result.returncode, result.stdout, result.stderr) == (2, "", line), argv
+    given = fusevol("run", "--http-port=0", "--help", FUSEVOL_HTTP_PORT="x")
+    assert (given.returncode, given.stderr) == (0, "")
 
 
 def test_good_variables_are_converted(monkeypatch: pytest.MonkeyPatch) -> None:
