@@ -41,7 +41,14 @@ import trio
 
 from fusevol.agent import sdnotify
 from fusevol.agent.collector import collect_when_quiet
-from fusevol.agent.handover import Predecessor, be_lame_duck, find_predecessor, release_once_set_up
+from fusevol.agent.handover import (
+    Predecessor,
+    be_lame_duck,
+    find_predecessor,
+    give_connection,
+    hear_successors,
+    release_once_set_up,
+)
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
@@ -218,6 +225,8 @@ class Agent:
         """LAME_DUCK's scope: shielded from the stop that began it, cancelled by SIGINT."""
         self._fuse_scope = trio.CancelScope(shield=True)
         """The FUSE server's: it outlives every other component, and stops last."""
+        self._successor: trio.socket.SocketType | None = None
+        """A successor that asked for our connection while we served (a rollout)."""
         self._connection: Connection | None = None
         """Our FUSE connection, once the launcher holds it too (`_connected`)."""
 
@@ -307,6 +316,11 @@ class Agent:
                 found=[volume.name for volume in found],
             )
             nursery.start_soon(release)
+        if self._launcher is not None and self._connection is not None:
+            hear = functools.partial(
+                hear_successors, layout.handover_socket(root), on_request=self._successor_asks
+            )
+            await nursery.start(hear)
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
         log.info("ready root=%s node=%s", root, self.settings.node_name)
         sdnotify.notify(sdnotify.READY)
@@ -323,6 +337,11 @@ class Agent:
         self._publisher_scope.cancel()
         if self._launcher is None:
             self.lifecycle.enter(Phase.STOPPED, "no launcher: nothing answers for the pod binds")
+            return
+        if self._successor is not None:  # a rollout: the next agent is waiting for it
+            self._let_go(lock, retire=True)
+            await give_connection(self._successor, self._hand_over)
+            self.lifecycle.enter(Phase.STOPPED, "the next agent took the connection over")
             return
         outcome = False
         with self._lame_duck:
@@ -351,12 +370,19 @@ class Agent:
             with trio.CancelScope(shield=True):
                 await predecessor.release()
 
-    def _let_go(self, lock: AgentLock) -> None:
-        """A lame duck's mountpoint is detached: release the lock and the launcher, which exits."""
+    def _let_go(self, lock: AgentLock, *, retire: bool = False) -> None:
+        """A lame duck's mountpoint is detached: release the lock and the launcher, which exits
+        (or, `retire`, stays until it is stopped: a rollout's old generation)."""
         assert self._launcher is not None
         self.lifecycle.enter(Phase.LAME_DUCK, "lock released; answering FUSE for the pod binds")
         lock.release()
-        self._launcher.detach()
+        self._launcher.detach(retire=retire)
+
+    def _successor_asks(self, connection: trio.socket.SocketType) -> None:
+        """A successor asked for our connection while we serve (a rollout): stop as on SIGTERM,
+        and answer it once we are a lame duck (`_stop`)."""
+        self._successor = connection
+        self.stop(handover=True, why="the next agent asks for the FUSE connection")
 
     async def _hand_over(self) -> list[int]:
         """Stop answering FUSE (what we read but did not answer, the successor gets again) and

@@ -25,6 +25,13 @@ sends `TAKE_OVER` instead; the lame duck stops reading `/dev/fuse` (the requests
 not answer are sent again to the successor: FUSE_NOTIFY_RESEND), answers with its `/dev/fuse`
 and state descriptors (SCM_RIGHTS), and exits. Readers wait meanwhile; none fails, whatever
 their mount propagation, and no bind is stacked.
+
+A rollout (two generations overlapping, as a DaemonSet's `maxSurge` starts them): the successor
+starts while its predecessor still serves. A serving agent that can be taken over listens on the
+same socket (`hear_successors`); a successor's `TAKE_OVER` makes it stop as on SIGTERM, but it
+answers that very request (`give_connection`) instead of waiting for one, and its launcher then
+*retires*: it stays, doing nothing, until it is stopped (the old pod deleted), so that nothing
+restarts an agent in the old generation.
 """
 
 from __future__ import annotations
@@ -165,6 +172,53 @@ async def serve_as_lame_duck(
         with contextlib.suppress(FileNotFoundError):
             if os.stat(path).st_ino == own:  # not a later lame duck's
                 os.unlink(path)
+
+
+async def hear_successors(
+    path: Path,
+    *,
+    on_request: Callable[[trio.socket.SocketType], None],
+    task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """A serving agent's side of a rollout: listen at `path` until a successor asks for our FUSE
+    connection (`TAKE_OVER`), then give `on_request` that connection, still open, and return.
+    The caller stops as on SIGTERM and answers on it (`give_connection`). Anything else a
+    connection sends is ignored: a probe, a successor of a version that only stacks binds."""
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    await listener.bind(str(path))
+    own = os.stat(path).st_ino
+    listener.listen(4)
+    try:
+        task_status.started()
+        while True:
+            connection, _ = await listener.accept()
+            received = b""
+            with trio.move_on_after(5.0):
+                while len(received) < len(TAKE_OVER) and (chunk := await connection.recv(64)):
+                    received += chunk
+            if received == TAKE_OVER:
+                log.info("the next agent asks for the FUSE connection")
+                on_request(connection)
+                return
+            connection.close()
+    finally:
+        listener.close()
+        with contextlib.suppress(FileNotFoundError):
+            if os.stat(path).st_ino == own:
+                os.unlink(path)
+
+
+async def give_connection(
+    connection: trio.socket.SocketType, hand_over: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """Answer a successor's `TAKE_OVER` (`hear_successors`) with our connection's descriptors."""
+    with connection:
+        fds = await hand_over()
+        rights = array.array("i", fds).tobytes()
+        await connection.sendmsg([TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+    log.info("lame duck done: the next agent took the connection over")
 
 
 class Predecessor:

@@ -16,6 +16,10 @@ process to exit; the launcher is that process.
 - SIGTERM: forwarded; the child stops reconciling, releases the agent lock and writes `LAME_DUCK`
   on the launcher's socket; the launcher exits 0 at once, the child serves on alone
   (`fusevol.agent.handover`).
+- A successor asks the child for its connection (a rollout: `fusevol.agent.handover`): the
+  child hands it over and writes `RETIRED`; the launcher stays, doing nothing, until it is
+  stopped (SIGTERM or SIGINT, then exit 0), so that nothing restarts an agent in the old
+  generation (a container whose main process exits is restarted).
 - SIGINT (Ctrl-C, the tear-down): forwarded; the launcher waits for the child and exits
   with its status. The child has a process group of its own, so a terminal's Ctrl-C reaches it
   once.
@@ -44,6 +48,7 @@ import sys
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
     from types import FrameType
 
@@ -56,6 +61,9 @@ FDNAME_FUSE = "fusevol-fuse"
 FDNAME_STATE = "fusevol-state"
 """Names of the two descriptors in systemd's file descriptor store."""
 LAME_DUCK = b"L"
+RETIRED = b"R"
+"""The child handed its connection to a successor that asked for it (a rollout): the launcher
+stays, doing nothing, until it is stopped."""
 TAKE_OVER = b"take-over\n"
 """What the next launcher sends a lame duck to take its connection over
 (`fusevol.agent.handover`)."""
@@ -91,14 +99,15 @@ class Launcher:
         with contextlib.suppress(OSError), socket.socket(fileno=os.dup(self._fd)) as sock:
             socket.send_fds(sock, [CONNECTION], [fuse_fd, state_fd])
 
-    def detach(self) -> None:
+    def detach(self, *, retire: bool = False) -> None:
         """Outlive the launcher: drop the SIGKILL it asked for at its death (a kill -9 of the
-        launcher is a crash of the agent), then tell it that it may exit."""
+        launcher is a crash of the agent), then tell it that it may exit, or with `retire` (our
+        successor asked for the connection: a rollout) that it stays until it is stopped."""
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, 0, 0, 0, 0)
         # Never again a notification to systemd from this process: the next agent is the service.
         os.environ.pop("NOTIFY_SOCKET", None)
         with contextlib.suppress(OSError):
-            os.write(self._fd, LAME_DUCK)
+            os.write(self._fd, RETIRED if retire else LAME_DUCK)
         self.close()
 
     def close(self) -> None:
@@ -171,6 +180,9 @@ def launch(handover_socket: Path | None = None) -> int | None:
         if status is None:  # a lame duck serves on alone
             held.close()
             return 0
+        if status == _RETIRED:
+            held.close()
+            return _retire(lambda: stopping)
         failed_restarts = 0 if held.fresh else failed_restarts + 1
         held.fresh = False
         killed = os.WIFSIGNALED(status)
@@ -185,7 +197,7 @@ def launch(handover_socket: Path | None = None) -> int | None:
         )
 
 
-def take_over_from(path: Path, *, timeout_s: float = 5.0) -> tuple[int, int] | None:
+def take_over_from(path: Path, *, timeout_s: float = 20.0) -> tuple[int, int] | None:
     """Ask the lame duck at `path` (`fusevol.agent.handover`) for its FUSE connection: (fuse fd,
     state fd), or None if there is no lame duck or it cannot be taken over (a lame duck of a version
     without takeover does not answer: `timeout_s` later the next agent stacks its binds, the old
@@ -248,13 +260,34 @@ def _fork(theirs: socket.socket, held: tuple[int, int] | None) -> int:
     return 0
 
 
+_RETIRED = -1
+"""`_wait`'s answer for a child that handed its connection to a successor that asked for it."""
+
+
+def _retire(stopped: Callable[[], bool]) -> int:
+    """Stay until stopped (SIGTERM, SIGINT): a rollout's old generation, whose successor serves
+    now. Exiting would have its pod's container restarted, and that new agent would take the
+    connection back. Its child exits by itself once the successor holds the connection."""
+    print(
+        "fusevol: the next agent took the FUSE connection over; this one is retired and waits to"
+        " be stopped",
+        file=sys.stderr,
+        flush=True,
+    )
+    while not stopped():
+        signal.pause()
+    return 0
+
+
 def _wait(sock: socket.socket, child: int, held: _Held) -> int | None:
-    """Serve the child's messages until it exits (its wait status) or becomes a lame duck
-    (None)."""
+    """Serve the child's messages until it exits (its wait status), becomes a lame duck (None)
+    or retires (`_RETIRED`)."""
     while True:
         message, fds, _, _ = socket.recv_fds(sock, 16, 2)  # retried after a signal (PEP 475)
         if message == LAME_DUCK:
             return None
+        if message == RETIRED:
+            return _RETIRED
         if message == CONNECTION:
             held.replace(fds)
             continue

@@ -215,3 +215,87 @@ def _longest_gap(clock: LineClock, since: float) -> float:
 def _one_version(volume: Path, value: str) -> bool:
     check_one_complete_version(volume, {"a": value.encode(), "b": value.encode()})
     return True
+
+
+ROLLOUTS = 10
+
+
+def test_a_rollout_takes_the_connection_from_the_serving_agent(
+    containerd: Containerd, rootfs: Path, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    """Two generations overlapping, as a DaemonSet's maxSurge starts them: a new `fusevol run`
+    on the root while the old one serves asks it for its connection and serves it; the old
+    launcher retires (stays, doing nothing) until it is stopped. Ten in a row, readers behind a
+    plain rbind and an rslave bind: no read fails, `ls` always lists the keys, every edit after a
+    rollout shows within a second."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    write_pod_set(manifests)
+    (manifests / "configmap.yaml").write_text(configmap("v0"))
+    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
+    for directory in (out, slave_out):
+        directory.mkdir()
+        directory.chmod(0o777)
+    agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
+    agents = [agent]
+    try:
+        agent.wait_state(POD_UID, "config", "mounted")
+        wait_for(lambda: "held by the launcher" in agent.log_text())
+        volume = agent.volume(POD_UID, "configmap", "config")
+        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+        for reads in (out / "reads", slave_out / "reads"):
+            reads.chmod(0o666)
+        readers = [
+            containerd.run(
+                name,
+                rootfs,
+                bind(volume, "/etc/config", "ro", propagation),
+                bind(directory, "/out", "rw"),
+                command=("sleep", "100000"),
+            )
+            for name, propagation, directory in (
+                ("plain", "rprivate", out),
+                ("slave", "rslave", slave_out),
+            )
+        ]
+        for name in readers:
+            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
+            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        try:
+            clock.wait_for("ok v0 v0", after=0)
+            slave_clock.wait_for("ok v0 v0", after=0)
+            seen_ms, pauses = [], []
+            for n in range(1, ROLLOUTS + 1):
+                started = time.monotonic()
+                previous, agent = agent, AgentProcess(manifests=manifests, root=agent.root)
+                agents.append(agent.start())
+                assert previous.process is not None
+                assert previous.process.poll() is None  # retired, not exited
+                previous.wait_agent_gone(10)  # its agent handed the connection over and went
+                pauses.append(_longest_gap(clock, started))
+                write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
+                edited = time.monotonic()
+                seen = clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
+                slave_clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
+                seen_ms.append((seen - edited) * 1000)
+                previous.process.send_signal(signal.SIGTERM)  # the old pod is deleted
+                assert previous.process.wait(timeout=10) == 0
+            assert "retired" in agents[0].log_text()
+        finally:
+            clock.close()
+            slave_clock.close()
+            for name in readers:
+                containerd.remove(name)
+        report(
+            f"{ROLLOUTS} rollouts (the new agent asks the serving one): {_failed(clock)} failed"
+            f" reads plain, {_failed(slave_clock)} rslave, {_mixed(clock)} mixed versions;"
+            f" longest read pause {max(pauses) * 1000:.0f} ms; edit seen after each in"
+            f" {min(seen_ms):.0f}-{max(seen_ms):.0f} ms"
+        )
+        errors = (out / "errors").read_text() if (out / "errors").exists() else ""
+        assert (_failed(clock), _failed(slave_clock)) == (0, 0), errors[:500]
+        assert _mixed(clock) == 0
+        agent.stop()
+    finally:
+        for each in agents:
+            force_stop(each)
