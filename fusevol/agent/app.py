@@ -169,7 +169,7 @@ class Agent:
             executor=self.executor,
             volumes=self.volumes,
             resync_interval_s=settings.reconcile.resync_interval_s,
-            on_pass=self.status.changed,
+            on_pass=self._on_pass,
             on_volume_failed=self.source.volume_failed,
             provisioner=self.provisioner,
         )
@@ -225,6 +225,8 @@ class Agent:
         """LAME_DUCK's scope: shielded from the stop that began it, cancelled by SIGINT."""
         self._fuse_scope = trio.CancelScope(shield=True)
         """The FUSE server's: it outlives every other component, and stops last."""
+        self._ready = False
+        """The ready file was created (`_on_pass`)."""
         self._successor: trio.socket.SocketType | None = None
         """A successor that asked for our connection while we served (a rollout)."""
         self._connection: Connection | None = None
@@ -240,6 +242,29 @@ class Agent:
             "source": dataclasses.asdict(self.source.statistics()),
             "reconciler": dataclasses.asdict(self.reconciler.statistics()),
         }
+
+    def _on_pass(self) -> None:
+        """After each reconciler pass: the status snapshot is due, and the agent may be ready."""
+        self.status.changed()
+        self._mark_ready()
+
+    def _mark_ready(self) -> None:
+        """Serving, with a reconciler pass done: the ready file says so (once)."""
+        ready_file = self.settings.http.ready_file
+        if (
+            ready_file is not None
+            and not self._ready
+            and self.lifecycle.phase is Phase.SERVING
+            and self.reconciler.passes > 0
+        ):
+            self._ready = True
+            ready_file.parent.mkdir(parents=True, exist_ok=True)
+            ready_file.touch()
+
+    def _not_ready(self) -> None:
+        ready_file = self.settings.http.ready_file
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
 
     def _tidy(self) -> None:
         """At rest (the status reporter's quiet times, while we reconcile): compact the journal."""
@@ -278,6 +303,7 @@ class Agent:
                     sdnotify.notify(sdnotify.STOPPING)
                     if not self.lifecycle.stopping:  # a failure, or a cancellation from outside
                         self.lifecycle.enter(Phase.TEARING_DOWN, "stopped without a signal")
+                    self._not_ready()
                     try:
                         await self._stop(lock, predecessor)
                     finally:  # whatever failed above: the FUSE server must stop, or we never exit
@@ -322,6 +348,7 @@ class Agent:
             )
             await nursery.start(hear)
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
+        self._mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)
         sdnotify.notify(sdnotify.READY)
 
@@ -403,6 +430,7 @@ class Agent:
             log.info("stop on %s: already %s", why, self.lifecycle.phase.value)
             return
         self.lifecycle.enter(Phase.HANDING_OVER if handover else Phase.TEARING_DOWN, why)
+        self._not_ready()
         self._active.cancel()
 
     def end_lame_duck(self) -> None:

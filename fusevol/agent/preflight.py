@@ -13,7 +13,9 @@ from deep inside the agent (an ExceptionGroup ending in `NotADirectoryError`, py
 5. `--http-host`/`--http-port` (run only): an address of this host, and the port free. A
    predecessor that was killed may still hold it for a moment while it dies, so a port in use is
    tried again for `PORT_WAIT_S` first. Skipped while an agent runs on the root: the agent's own
-   refusal ("another fusevol agent is using ...") says more. (`fusevol.observe.http` reports a
+   refusal ("another fusevol agent is using ...") says more, or, if that agent can be taken over
+   (its hand-over socket answers), we take its connection and then its port (a rollout, whose
+   two pods see each other's lock only as a socket). (`fusevol.observe.http` reports a
    failure that comes later, a race with another program, as one line too.)
 
 Excludes: validating flag values (`fusevol.cli`), anything that needs the agent's lock.
@@ -59,7 +61,7 @@ def check(
             raise FusevolError(
                 f"--kubeconfig {kubeconfig}: cannot read it: {exc.strerror or exc}"
             ) from None
-    if http is not None and http[1] > 0 and not _agent_runs(root):  # (5)
+    if http is not None and http[1] > 0 and not _agent_runs(root) and not _serving(root):  # (5)
         check_port(*http)
 
 
@@ -68,6 +70,18 @@ def _agent_runs(root: Path) -> bool:
         return flock_held(os.stat(layout.agent_dir(root) / "lock"))
     except OSError:
         return False
+
+
+def _serving(root: Path) -> bool:
+    """An agent that can be taken over serves on `root` (its hand-over socket answers): we take
+    its connection over, and its HTTP port is ours once it has let go. Seen from another pod,
+    whose /proc/locks does not show that agent's lock (`_agent_runs`)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        try:
+            sock.connect(str(layout.handover_socket(root)))
+        except OSError:
+            return False
+    return True
 
 
 def check_root(root: Path) -> None:

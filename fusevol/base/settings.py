@@ -58,6 +58,10 @@ class HttpSettings:
     elsewhere says where (the chart: the pod's IP)."""
     port: int = 9842
     """0 picks a free port; a negative port disables the server."""
+    ready_file: Path | None = None
+    """Created once the agent serves every volume of its first pass, removed as soon as it
+    stops: for an exec readiness probe where the HTTP port may be another agent's (a DaemonSet
+    pod on the host network, during a rollout: the old and the new pod share the node's port)."""
 
 
 class ChangeDetection(enum.Enum):

@@ -229,6 +229,14 @@ def _parser() -> argparse.ArgumentParser:
     )
     _env_option(
         run,
+        "--ready-file",
+        type=Path,
+        metavar="PATH",
+        help="a file created once the agent serves, removed when it stops: for an exec readiness "
+        "probe when the HTTP port may be another agent's (default: none)",
+    )
+    _env_option(
+        run,
         "--log-level",
         type=str.lower,
         choices=LOG_LEVELS,

@@ -236,11 +236,20 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
     for directory in (out, slave_out):
         directory.mkdir()
         directory.chmod(0o777)
-    agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
+
+    def ready_file(n: int) -> Path:
+        return tmp_path / f"ready-{n}"  # each pod's own, as in the chart
+
+    def generation(n: int) -> AgentProcess:
+        args = ("--ready-file", str(ready_file(n)))
+        return AgentProcess(manifests=manifests, root=tmp_path / "root", extra_args=args)
+
+    agent = generation(0).start()
     agents = [agent]
     try:
         agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by the launcher" in agent.log_text())
+        wait_for(ready_file(0).exists)
         volume = agent.volume(POD_UID, "configmap", "config")
         clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
         for reads in (out / "reads", slave_out / "reads"):
@@ -267,11 +276,13 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
             seen_ms, pauses = [], []
             for n in range(1, ROLLOUTS + 1):
                 started = time.monotonic()
-                previous, agent = agent, AgentProcess(manifests=manifests, root=agent.root)
+                previous, agent = agent, generation(n)
                 agents.append(agent.start())
                 assert previous.process is not None
                 assert previous.process.poll() is None  # retired, not exited
                 previous.wait_agent_gone(10)  # its agent handed the connection over and went
+                assert not ready_file(n - 1).exists()  # the old pod is no longer ready
+                wait_for(ready_file(n).exists, timeout_s=5)  # the new one is
                 pauses.append(_longest_gap(clock, started))
                 write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
                 edited = time.monotonic()

@@ -184,6 +184,10 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
     pod = daemonset["spec"]["template"]["spec"]
     [container] = pod["containers"]
     volumes, mounts = pod["volumes"], container["volumeMounts"]
+    # A rollout overlaps the old and the new pod of a node: the new agent takes the connection.
+    assert daemonset["spec"]["updateStrategy"] == want["updateStrategy"]
+    if values.get("updateStrategy") is None:
+        assert want["updateStrategy"]["rollingUpdate"] == {"maxSurge": 1, "maxUnavailable": 0}
 
     # The command line, read by the agent's own parser.
     assert container["command"] == ["fusevol"]
@@ -237,18 +241,24 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
         }
     assert len(volumes) == len(mounts) == 3 + len(want["extraHostPaths"])
 
-    # Probes on the agent's HTTP port.
-    [port] = container["ports"]
-    assert port == {"name": "http", "containerPort": want["httpPort"], "protocol": "TCP"}
-    for probe, path in [
-        ("startup", "/healthz"),
-        ("liveness", "/healthz"),
-        ("readiness", "/readyz"),
-    ]:
+    # Probes on the agent's HTTP port; declared only off the host network, where it would be a
+    # host port and the surge pod of a rollout would not fit beside the old one.
+    if want["hostNetwork"]:
+        assert "ports" not in container
+    else:
+        [port] = container["ports"]
+        assert port == {"name": "http", "containerPort": want["httpPort"], "protocol": "TCP"}
+    for probe in ("startup", "liveness"):
         spec = container[f"{probe}Probe"]
         host = {"host": want["httpHost"]} if want["httpHost"] else {}
-        assert spec["httpGet"] == {"path": path, "port": "http", **host}
+        assert spec["httpGet"] == {"path": "/healthz", "port": want["httpPort"], **host}
         assert {k: spec[k] for k in want[f"{probe}Probe"]} == want[f"{probe}Probe"]
+    # Ready when this container's agent serves: the file it keeps while it does (the port may be
+    # the other pod's during a rollout).
+    spec = container["readinessProbe"]
+    assert spec["exec"] == {"command": ["test", "-e", "/run/fusevol-ready"]}
+    assert args.ready_file == Path("/run/fusevol-ready")
+    assert {k: spec[k] for k in want["readinessProbe"]} == want["readinessProbe"]
 
     # Scheduling and the rest, as asked.
     assert pod.get("tolerations") == (want["tolerations"] or None)
