@@ -87,7 +87,11 @@ class AgentProcess:
         root: Path,
         extra_args: tuple[str, ...] = (),
         env: dict[str, str] | None = None,
+        wrapper: tuple[str, ...] = (),
     ) -> None:
+        """`wrapper`: a command `fusevol run` runs under (`unshare --pid --fork ...`: as in a
+        pod of its own); `pid` is then the wrapper's child, the launcher."""
+        self._wrapper = wrapper
         self._source_args = () if manifests is None else ("--manifests", str(manifests))
         self.manifests = manifests if manifests is not None else root.parent / "no-manifests"
         self.root = root
@@ -103,6 +107,7 @@ class AgentProcess:
 
     def start(self) -> AgentProcess:
         argv = [
+            *self._wrapper,
             sys.executable,
             "-m",
             "fusevol",

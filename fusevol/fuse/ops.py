@@ -4,8 +4,8 @@ Each handler converts its arguments, calls the tree, and converts the result to 
 only `FUSEError` escapes. The file system is read-only for everyone but the agent itself: the
 structural operations the agent performs through the mount to publish a version (mkdir, symlink,
 rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from the agent's publisher
-(`is_agent(ctx.pid)`: its helper processes, `fusevol.fuse.vfs_helper`), and answered EROFS for any
-other process. Everything that would write file data or attributes is EROFS for all.
+(`is_agent(pid, uid, gid)`: its helper processes, `fusevol.fuse.vfs_helper`), and answered EROFS
+for any other process. Everything that would write file data or attributes is EROFS for all.
 
 Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
@@ -68,7 +68,7 @@ class Operations(pyfuse3.Operations):
         self,
         tree: Tree,
         *,
-        is_agent: Callable[[int], bool],
+        is_agent: Callable[[int, int, int], bool],
         entry_timeout_s: float,
         attr_timeout_s: float,
     ) -> None:
@@ -253,7 +253,7 @@ class Operations(pyfuse3.Operations):
     # -- helpers -----------------------------------------------------------------------------------
 
     def _require_agent(self, ctx: pyfuse3.RequestContext) -> None:
-        if not self._is_agent(ctx.pid):
+        if not self._is_agent(ctx.pid, ctx.uid, ctx.gid):
             raise pyfuse3.FUSEError(errno.EROFS)
 
     def _attributes(self, node: Node) -> pyfuse3.EntryAttributes:

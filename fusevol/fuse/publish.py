@@ -11,7 +11,8 @@ No file is ever rewritten, and no notify call is needed. A new volume's first ve
 of this: its directory appears whole, with no request at all (`_create`).
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
-Only the helpers' pids may perform them (`is_publisher`, checked by `fusevol.fuse.ops`).
+Only the helpers may perform them (`is_publisher`, checked by `fusevol.fuse.ops`): a helper's
+pid, or, from a PID namespace the connection cannot see, root with the helpers' group.
 
 The old version stays for `grace_s` after the switch, so a reader that resolved `..data` just before
 the switch still finds its files (docs/fuse.md fact 6); kubelet deletes it at once, which its tmpfs
@@ -31,6 +32,7 @@ import trio
 
 from fusevol.base.helper_parent import HelperProcess
 from fusevol.fuse.tree import symlink_gid
+from fusevol.fuse.vfs_helper import PUBLISHER_GID
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
@@ -128,9 +130,13 @@ class Publisher:
             for helper in list(self._helpers.values()):
                 self._discard(helper)
 
-    def is_publisher(self, pid: int) -> bool:
-        """True if `pid` (a FUSE request's sender) is one of the publisher's helper processes."""
-        return pid > 0 and pid in self._helpers
+    def is_publisher(self, pid: int, uid: int, gid: int) -> bool:
+        """True if a FUSE request's sender is one of the publisher's helper processes: its pid, or
+        root with the helpers' own group, `PUBLISHER_GID` (only root may take it, and only root
+        reaches this mount). The kernel gives a sender's pid as the connection's mounter sees
+        it: after a takeover by an agent in another PID namespace (another pod) that is another
+        number than ours, or 0 where the mounter cannot see the sender at all."""
+        return (pid > 0 and pid in self._helpers) or (uid == 0 and gid == PUBLISHER_GID)
 
     def path(self, volume: bytes) -> Path:
         """Where the volume's subtree is on the agent's mount (the source of its bind mounts)."""

@@ -8,7 +8,9 @@ an answer only its own dying process could give: the process never finishes dyin
 holds no /dev/fuse descriptor: when the agent dies, its descriptor closes, the connection aborts,
 the helper's request fails, and the helper, which asked for SIGKILL at its parent's death
 (PR_SET_PDEATHSIG), is gone too. `fusevol.fuse.ops` accepts structural operations only from these
-helpers' pids (`Publisher.is_publisher`), as strictly as it accepted only the agent's own threads.
+helpers (`Publisher.is_publisher`): their pids, or, seen from another PID namespace (a connection
+taken over from an agent in another pod reports pid 0), root with their group, `PUBLISHER_GID`,
+which each helper takes as it starts.
 
 Protocol, one JSON line each way (`fusevol.base.helper_child`): `[op, args...]` -> `[errno,
 message]` (errno 0: done). Paths are `os.fsdecode`d strings.
@@ -28,6 +30,10 @@ if TYPE_CHECKING:
 
 DATA = "..data"
 DATA_TMP = "..data_tmp"
+
+PUBLISHER_GID = 2_147_480_646
+"""The group a helper takes as it starts, by which `Publisher.is_publisher` knows it where its pid
+cannot be seen: a number no distribution or cluster hands out."""
 
 
 def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None:
@@ -80,4 +86,6 @@ def answer(request: object) -> list[object]:
 
 
 if __name__ == "__main__":
+    os.setgroups([])
+    os.setgid(PUBLISHER_GID)
     helper_child.main(answer)

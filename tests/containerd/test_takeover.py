@@ -24,7 +24,12 @@ import pytest
 from fusevol.fuse.session import can_take_over
 from tests.agent import AgentProcess, force_stop, pid_alive, wait_for, write_atomically
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
-from tests.manifests import POD_UID, configmap as pod_set_configmap, write_pod_set
+from tests.manifests import (
+    POD_UID,
+    configmap as pod_set_configmap,
+    pod as pod_set_pod,
+    write_pod_set,
+)
 from tests.served import check_one_complete_version
 
 if TYPE_CHECKING:
@@ -218,6 +223,7 @@ def _one_version(volume: Path, value: str) -> bool:
 
 
 ROLLOUTS = 10
+SECOND_UID = "22222222-2222-4333-8444-555555555555"
 
 
 def test_a_rollout_takes_the_connection_from_the_serving_agent(
@@ -292,6 +298,40 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
                 previous.process.send_signal(signal.SIGTERM)  # the old pod is deleted
                 assert previous.process.wait(timeout=10) == 0
             assert "retired" in agents[0].log_text()
+
+            # The successor in a PID namespace of its own, as in another pod: the connection's
+            # mounter cannot see its processes, so the kernel reports its publisher's requests
+            # with pid 0. Edits and a new pod's volume are still published through the mount.
+            wrapper = ("unshare", "--pid", "--fork")
+            args = ("--ready-file", str(ready_file(99)))
+            previous, agent = (
+                agent,
+                AgentProcess(
+                    manifests=manifests, root=agent.root, extra_args=args, wrapper=wrapper
+                ),
+            )
+            agents.append(agent.start())
+            previous.wait_agent_gone(10)
+            write_atomically(manifests / "configmap.yaml", configmap("namespaced"))
+            edited = time.monotonic()
+            seen = clock.wait_for("ok namespaced namespaced", after=edited, timeout_s=2)
+            seen_ms.append((seen - edited) * 1000)
+            (manifests / "second.yaml").write_text(pod_set_pod("second", SECOND_UID))
+            agent.wait_state(SECOND_UID, "config", "mounted")
+            assert (agent.volume(SECOND_UID, "configmap", "config") / "a").read_text() == (
+                "namespaced"
+            )
+            assert previous.process is not None
+            previous.process.send_signal(signal.SIGTERM)
+            assert previous.process.wait(timeout=10) == 0
+            # And back to this PID namespace: a successor takes the connection from it.
+            previous, agent = agent, generation(100)
+            agents.append(agent.start())
+            write_atomically(manifests / "configmap.yaml", configmap("back"))
+            clock.wait_for("ok back back", after=time.monotonic(), timeout_s=2)
+            assert previous.process is not None
+            os.kill(previous.pid, signal.SIGTERM)  # the retired launcher, unshare's child
+            assert previous.process.wait(timeout=10) == 0
         finally:
             clock.close()
             slave_clock.close()

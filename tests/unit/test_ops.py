@@ -93,7 +93,7 @@ def mount() -> Mount:
         tree.forget(node.inode, node.nlookup)
     ops = Operations(
         tree,
-        is_agent=lambda pid: pid == AGENT_PID,
+        is_agent=lambda pid, uid, gid: pid == AGENT_PID,
         entry_timeout_s=ENTRY_TIMEOUT_S,
         attr_timeout_s=ATTR_TIMEOUT_S,
     )
