@@ -150,7 +150,12 @@ class Reflector:
     async def _watch(self) -> None:
         """Follow one watch stream, moving `_version` on with every event."""
         version = self._version
-        abandoned = threading.Event()
+        # Cancelled while the thread connects: whichever side comes second closes the stream,
+        # which nobody will read (the thread, if it opens it after; we, if it opened it before
+        # our cancellation reached us: its answer is then dropped by trio).
+        lock = threading.Lock()
+        abandoned = False
+        opened: list[WatchStream] = []
 
         def open_watch() -> WatchStream:
             stream = self._client.open_watch(
@@ -161,14 +166,20 @@ class Reflector:
                 timeout_s=random.randrange(*WATCH_TIMEOUT_S),
                 label_selector=self.query.label_selector,
             )
-            if abandoned.is_set():  # cancelled while connecting: nobody will read it
-                stream.close()
+            with lock:
+                if abandoned:
+                    stream.close()
+                else:
+                    opened.append(stream)
             return stream
 
         try:
             stream: WatchStream = await self._thread(open_watch)
         except trio.Cancelled:
-            abandoned.set()
+            with lock:
+                abandoned = True
+                for leftover in opened:
+                    leftover.close()
             raise
         self.stats.watches += 1
         try:
