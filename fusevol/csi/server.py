@@ -12,6 +12,12 @@ untyped, and seven typed lines say the same. Messages are generated from `csi.pr
               NodeGetCapabilities    VOLUME_MOUNT_GROUP: kubelet hands over fsGroup, no chown walk
               NodePublishVolume      `CsiNode.publish`
               NodeUnpublishVolume    `CsiNode.unpublish`
+    Registration (kubelet's plugin registration, `registration.proto`, on its own socket in
+    `<kubelet dir>/plugins_registry/fusevol.io-reg.sock`, what node-driver-registrar answers)
+              GetInfo                   a CSIPlugin named fusevol.io at the CSI socket, CSI 1.0.0
+              NotifyRegistrationStatus  kubelet's verdict, logged
+A successor (a rollout) replaces the registration socket with its own in one rename; a stop that
+hands over leaves it for the successor, a tear-down removes it (kubelet then forgets the driver).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ from google.protobuf import wrappers_pb2
 
 from fusevol import __version__
 from fusevol.base.errors import FusevolError
-from fusevol.csi import csi_pb2 as pb
+from fusevol.csi import csi_pb2 as pb, registration_pb2 as reg
 from fusevol.csi.attributes import DRIVER, CsiError
 
 if TYPE_CHECKING:
@@ -56,10 +62,24 @@ def socket_path(endpoint: str) -> Path:
 
 
 class CsiServer:
-    def __init__(self, *, endpoint: str, node: CsiNode, ready: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        *,
+        endpoint: str,
+        node: CsiNode,
+        ready: Callable[[], bool],
+        registration: Path | None = None,
+        handing_over: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """`registration`: where to answer kubelet's plugin registration (module docstring), in
+        kubelet's `plugins_registry`; `handing_over()` says, as we stop, whether a successor
+        takes over, which then keeps the registration socket for it."""
         self.path = socket_path(endpoint)
         self.node = node
         self._ready = ready
+        self._registration = registration
+        self._handing_over = handing_over
+        self._registered_inode = -1
         self._token: trio.lowlevel.TrioToken | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -77,14 +97,70 @@ class CsiServer:
         except RuntimeError as exc:
             raise FusevolError(f"csi: cannot listen on {self.path}: {exc}") from None
         server.start()
+        registered = None
         try:
             log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
+            if self._registration is not None:
+                registered = await trio.to_thread.run_sync(self._register, self._registration)
             task_status.started()
             await trio.sleep_forever()
         finally:
             server.stop(grace=None)  # cancels calls in flight; kubelet retries them
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
+            if registered is not None:
+                registered.stop(grace=None)
+                if not self._handing_over():  # else the successor's replaces it
+                    _unlink_own(self._registration, registered_inode=self._registered_inode)
+
+    def _register(self, path: Path) -> grpc.Server:
+        """Answer kubelet's plugin watcher at `path` (GetInfo, NotifyRegistrationStatus): what
+        node-driver-registrar does. The socket is bound aside and renamed into place, so that a
+        successor's replaces its predecessor's in one step (kubelet sees one new socket, never
+        none: no moment in which the driver is unregistered)."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        aside = path.with_name(f".reg.{os.getpid()}")  # short: a socket's path has 107 bytes
+        with contextlib.suppress(FileNotFoundError):
+            aside.unlink()
+        server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix="csi-reg"))
+        server.add_generic_rpc_handlers([self._registration_handler()])
+        try:
+            server.add_insecure_port(f"unix:{aside}")
+        except RuntimeError as exc:
+            raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
+        server.start()
+        self._registered_inode = os.lstat(aside).st_ino
+        os.replace(aside, path)
+        log.info("csi registration socket for kubelet path=%s", path)
+        return server
+
+    def _registration_handler(self) -> grpc.GenericRpcHandler:
+        def get_info(request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
+            return reg.PluginInfo(
+                type="CSIPlugin",
+                name=DRIVER,
+                endpoint=str(self.path),
+                supported_versions=["1.0.0"],
+            )
+
+        def notify(
+            request: reg.RegistrationStatus, context: grpc.ServicerContext
+        ) -> reg.RegistrationStatusResponse:
+            if request.plugin_registered:
+                log.info("csi driver registered with kubelet driver=%s", DRIVER)
+            else:
+                log.error(
+                    "kubelet refused the csi driver driver=%s error=%s", DRIVER, request.error
+                )
+            return reg.RegistrationStatusResponse()
+
+        return grpc.method_handlers_generic_handler(
+            "pluginregistration.Registration",
+            {
+                "GetInfo": _unary(reg.InfoRequest, get_info),
+                "NotifyRegistrationStatus": _unary(reg.RegistrationStatus, notify),
+            },
+        )
 
     def _handlers(self) -> list[grpc.GenericRpcHandler]:
         identity = {
@@ -189,6 +265,13 @@ def _unary(
         request_deserializer=request_type.FromString,
         response_serializer=lambda message: message.SerializeToString(),
     )
+
+
+def _unlink_own(path: Path | None, *, registered_inode: int) -> None:
+    """Remove `path` if it is still the socket we bound there (not a successor's)."""
+    with contextlib.suppress(FileNotFoundError, TypeError):
+        if path is not None and os.lstat(path).st_ino == registered_inode:
+            path.unlink()
 
 
 def _remove_stale_socket(path: Path) -> None:

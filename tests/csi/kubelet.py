@@ -55,6 +55,8 @@ def volume_handle(uid: str, volume_name: str) -> str:
 class Kubelet:
     def __init__(self, kubelet_dir: Path, socket: Path, node_name: str) -> None:
         self.dir = kubelet_dir
+        self.socket = socket
+        """The driver's CSI socket."""
         self.node_name = node_name
         self._channel = grpc.insecure_channel(f"unix://{socket}")
         self.calls: list[str] = []

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 
+from fusevol.csi import registration_pb2 as reg
 from tests import kubelet_reference
 from tests.agent import mounts_below, wait_for
 from tests.csi.conftest import UID, csi_volume, pod
@@ -22,6 +23,8 @@ from tests.csi.kubelet import Obj, is_mount_point, volume_handle
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+
+    from google.protobuf.message import Message
 
     from tests.agent import AgentProcess
     from tests.helpers.apiserver import ApiServer
@@ -314,3 +317,39 @@ def test_concurrent_publishes_and_unpublishes_all_succeed_and_the_record_ends_ex
             call.result()  # raises the call's RpcError, if any
         assert published() == expected(kept + second)
         assert sorted(record.parent.glob(".csi.json*")) == []  # no temporary file left
+
+
+def test_the_agent_registers_the_driver_with_kubelets_plugin_watcher(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+) -> None:
+    """kubelet's plugin watcher finds `fusevol.io-reg.sock` in plugins_registry and asks it what
+    it is (GetInfo), then says how registration went: the agent answers both itself, as
+    node-driver-registrar would. A tear-down removes the socket (kubelet forgets the driver)."""
+    registration = kubelet_dir / "plugins_registry" / "fusevol.io-reg.sock"
+    with csi_agent() as (agent, kubelet):
+        assert registration.is_socket()
+        with grpc.insecure_channel(f"unix://{registration}") as channel:
+
+            def call(method: str, request: Message, response: type[Message]) -> Any:
+                rpc: grpc.UnaryUnaryMultiCallable[Message, Any] = channel.unary_unary(
+                    f"/pluginregistration.Registration/{method}",
+                    request_serializer=lambda m: m.SerializeToString(),
+                    response_deserializer=response.FromString,
+                )
+                return rpc(request, timeout=10)
+
+            info = call("GetInfo", reg.InfoRequest(), reg.PluginInfo)
+            assert (info.type, info.name, list(info.supported_versions)) == (
+                "CSIPlugin",
+                "fusevol.io",
+                ["1.0.0"],
+            )
+            assert info.endpoint == str(kubelet.socket)
+            call(
+                "NotifyRegistrationStatus",
+                reg.RegistrationStatus(plugin_registered=True),
+                reg.RegistrationStatusResponse,
+            )
+        wait_for(lambda: "csi driver registered with kubelet" in agent.log_text())
+        assert kubelet.register() == ("fusevol.io", "test-node")
+    assert not registration.exists()

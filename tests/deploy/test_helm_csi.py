@@ -1,6 +1,6 @@
-"""helm/fusevol with `csi.enabled`: the CSIDriver object, the node-driver-registrar sidecar and
-kubelet's directory, rendered by Helm's engine and validated like the rest of the chart
-(tests/deploy/test_helm.py), the agent's arguments read by its own parser."""
+"""helm/fusevol with `csi.enabled`: the CSIDriver object, no registrar sidecar (the agent
+registers the driver) and kubelet's directory, rendered by Helm's engine and validated like the
+rest of the chart (tests/deploy/test_helm.py), the agent's arguments read by its own parser."""
 
 from __future__ import annotations
 
@@ -30,7 +30,6 @@ CSI_TOKENS: Obj = {
         "kubeletDir": "/data/kubelet",
         "fsGroupPolicy": "None",
         "tokenRequests": [{"audience": "vault", "expirationSeconds": 3600}],
-        "registrar": {"image": "registry.example/registrar:v2", "pullPolicy": "Always"},
     },
 }
 
@@ -50,7 +49,7 @@ def test_no_csi_driver_unless_enabled(chart: helm.Chart) -> None:
 
 
 @pytest.mark.parametrize("values", [CSI, CSI_TOKENS], ids=["defaults", "custom"])
-def test_csi_driver_registrar_and_kubelet_dir(
+def test_csi_driver_and_kubelet_dir(
     chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     csi = {"kubeletDir": "/var/lib/kubelet", "fsGroupPolicy": "File", **values["csi"]}
@@ -71,7 +70,9 @@ def test_csi_driver_registrar_and_kubelet_dir(
     assert spec["requiresRepublish"] is bool(csi.get("tokenRequests"))
 
     pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
-    agent, registrar = pod["containers"]
+    # One container: the agent registers the driver with kubelet itself (no registrar sidecar,
+    # whose stop removed the registration a successor had made).
+    [agent] = pod["containers"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
     args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in agent["args"]])
@@ -86,21 +87,7 @@ def test_csi_driver_registrar_and_kubelet_dir(
     volumes = pod["volumes"]
     assert named(volumes, "kubelet-dir")["hostPath"] == {"path": kubelet_dir, "type": "Directory"}
 
-    # The registrar: kubelet's plugin watcher finds it in plugins_registry, and it gives kubelet
-    # the agent's socket as the node sees it.
-    assert registrar["name"] == "node-driver-registrar"
-    assert registrar["image"].startswith(
-        csi.get("registrar", {}).get("image", "registry.k8s.io/sig-storage/")
-    )
-    assert "--csi-address=/csi/csi.sock" in registrar["args"]
-    assert f"--kubelet-registration-path={socket}" in registrar["args"]
-    mounts = {m["name"]: m["mountPath"] for m in registrar["volumeMounts"]}
-    assert mounts == {"csi-plugin-dir": "/csi", "csi-registration-dir": "/registration"}
-    assert named(volumes, "csi-plugin-dir")["hostPath"]["path"] == str(socket.parent)
-    assert named(volumes, "csi-registration-dir")["hostPath"] == {
-        "path": f"{kubelet_dir}/plugins_registry",
-        "type": "Directory",
-    }
+    assert {v["name"] for v in volumes} == {"root", "dev-fuse", "kubelet-dir"}
 
 
 @pytest.mark.parametrize(
