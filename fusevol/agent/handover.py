@@ -28,7 +28,9 @@ their mount propagation, and no bind is stacked.
 
 A rollout (two generations overlapping, as a DaemonSet's `maxSurge` starts them): the successor
 starts while its predecessor still serves. A serving agent that can be taken over listens on the
-same socket (`hear_successors`); a successor's `TAKE_OVER` makes it stop as on SIGTERM, but it
+same socket (`hear_successors`); a successor started with `--replace` sends `ROLL_OVER`, which
+makes it stop as on SIGTERM (a plain `TAKE_OVER`, a second agent started by mistake, is ignored:
+that one is refused by the lock, as before), but it
 answers that very request (`give_connection`) instead of waiting for one, and its launcher then
 *retires*: it stays, doing nothing, until it is stopped (the old pod deleted), so that nothing
 restarts an agent in the old generation.
@@ -60,6 +62,9 @@ log = logging.getLogger(__name__)
 
 STACKED = b"stacked\n"
 TAKE_OVER = b"take-over\n"
+ROLL_OVER = b"roll-over\n"
+"""What a successor started with `--replace` sends: a serving agent hands over only on this (a
+rollout); a lame duck on either."""
 LAME_DUCK_S = 60.0
 """How long a lame duck waits for a successor to stack its binds before it exits anyway."""
 LINGER_S = 1.0
@@ -156,7 +161,7 @@ async def serve_as_lame_duck(
                     received = b""
                     while chunk := await connection.recv(64):
                         received += chunk
-                        if received == TAKE_OVER and hand_over is not None:
+                        if received in (TAKE_OVER, ROLL_OVER) and hand_over is not None:
                             fds = await hand_over()
                             rights = array.array("i", fds).tobytes()
                             await connection.sendmsg(
@@ -181,7 +186,7 @@ async def hear_successors(
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """A serving agent's side of a rollout: listen at `path` until a successor asks for our FUSE
-    connection (`TAKE_OVER`), then give `on_request` that connection, still open, and return.
+    connection (`ROLL_OVER`), then give `on_request` that connection, still open, and return.
     The caller stops as on SIGTERM and answers on it (`give_connection`). Anything else a
     connection sends is ignored: a probe, a successor of a version that only stacks binds."""
     listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -196,9 +201,9 @@ async def hear_successors(
             connection, _ = await listener.accept()
             received = b""
             with trio.move_on_after(5.0):
-                while len(received) < len(TAKE_OVER) and (chunk := await connection.recv(64)):
+                while len(received) < len(ROLL_OVER) and (chunk := await connection.recv(64)):
                     received += chunk
-            if received == TAKE_OVER:
+            if received == ROLL_OVER:
                 log.info("the next agent asks for the FUSE connection")
                 on_request(connection)
                 return
@@ -213,7 +218,7 @@ async def hear_successors(
 async def give_connection(
     connection: trio.socket.SocketType, hand_over: Callable[[], Awaitable[list[int]]]
 ) -> None:
-    """Answer a successor's `TAKE_OVER` (`hear_successors`) with our connection's descriptors."""
+    """Answer a successor's `ROLL_OVER` (`hear_successors`) with our connection's descriptors."""
     with connection:
         fds = await hand_over()
         rights = array.array("i", fds).tobytes()

@@ -65,6 +65,8 @@ RETIRED = b"R"
 """The child handed its connection to a successor that asked for it (a rollout): the launcher
 stays, doing nothing, until it is stopped."""
 TAKE_OVER = b"take-over\n"
+ROLL_OVER = b"roll-over\n"
+"""What `fusevol run --replace` sends instead: a serving agent hands over on it too (a rollout)."""
 """What the next launcher sends a lame duck to take its connection over
 (`fusevol.agent.handover`)."""
 CONNECTION = b"C"
@@ -138,19 +140,23 @@ class _Held:
         self.fds = None
 
 
-def launch(handover_socket: Path | None = None) -> int | None:
+def launch(handover_socket: Path | None = None, *, replace: bool = False) -> int | None:
     """Fork the agent. Returns None in the child, which goes on to run the agent (`fusevol.cli`),
     and the exit status for `fusevol run` in the launcher, once it may exit.
 
-    A lame duck listening at `handover_socket` (an upgrade-restart) is asked for its connection
-    first (a lame duck still serving must stop before anyone else serves); else the connection
-    systemd kept in its file descriptor store, if any (`$LISTEN_FDS`). The first child then takes
-    it over as after a crash.
+    A lame duck listening at `handover_socket` (an upgrade-restart), or with `replace` an agent
+    serving there (a rollout), is asked for its connection first (whoever still serves must stop
+    before anyone else serves); else the connection systemd kept in its file descriptor store, if
+    any (`$LISTEN_FDS`). The first child then takes it over as after a crash.
 
     A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
     launcher has parsed the arguments and imported the agent, but started nothing of it."""
     held = _Held()
-    if handover_socket is not None and (fds := take_over_from(handover_socket)) is not None:
+    request = ROLL_OVER if replace else TAKE_OVER
+    if (
+        handover_socket is not None
+        and (fds := take_over_from(handover_socket, request)) is not None
+    ):
         held.replace(list(fds))
         _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
     else:
@@ -197,7 +203,9 @@ def launch(handover_socket: Path | None = None) -> int | None:
         )
 
 
-def take_over_from(path: Path, *, timeout_s: float = 20.0) -> tuple[int, int] | None:
+def take_over_from(
+    path: Path, request: bytes = TAKE_OVER, *, timeout_s: float = 20.0
+) -> tuple[int, int] | None:
     """Ask the lame duck at `path` (`fusevol.agent.handover`) for its FUSE connection: (fuse fd,
     state fd), or None if there is no lame duck or it cannot be taken over (a lame duck of a version
     without takeover does not answer: `timeout_s` later the next agent stacks its binds, the old
@@ -206,7 +214,7 @@ def take_over_from(path: Path, *, timeout_s: float = 20.0) -> tuple[int, int] | 
         sock.settimeout(timeout_s)
         try:
             sock.connect(str(path))
-            sock.sendall(TAKE_OVER)
+            sock.sendall(request)
             message, fds, _, _ = socket.recv_fds(sock, 64, 2)
         except OSError:
             return None

@@ -13,9 +13,10 @@ from deep inside the agent (an ExceptionGroup ending in `NotADirectoryError`, py
 5. `--http-host`/`--http-port` (run only): an address of this host, and the port free. A
    predecessor that was killed may still hold it for a moment while it dies, so a port in use is
    tried again for `PORT_WAIT_S` first. Skipped while an agent runs on the root: the agent's own
-   refusal ("another fusevol agent is using ...") says more, or, if that agent can be taken over
-   (its hand-over socket answers), we take its connection and then its port (a rollout, whose
-   two pods see each other's lock only as a socket). (`fusevol.observe.http` reports a
+   refusal ("another fusevol agent is using ...") says more, or, with `--replace`, if that agent
+   can be taken over (its hand-over socket answers), we take its connection and then its port (a
+   rollout, whose two pods see each other's lock only as a socket). (`fusevol.observe.http`
+   reports a
    failure that comes later, a race with another program, as one line too.)
 
 Excludes: validating flag values (`fusevol.cli`), anything that needs the agent's lock.
@@ -43,6 +44,7 @@ def check(
     kubeconfig: Path | None,
     fuse: bool,
     http: tuple[str, int] | None = None,
+    replace: bool = False,
 ) -> None:
     """Checks 1-5 of the module docstring; raises `FusevolError` at the first that fails.
     `http`: (host, port) the agent will listen on; None (or a negative port): none."""
@@ -61,7 +63,8 @@ def check(
             raise FusevolError(
                 f"--kubeconfig {kubeconfig}: cannot read it: {exc.strerror or exc}"
             ) from None
-    if http is not None and http[1] > 0 and not _agent_runs(root) and not _serving(root):  # (5)
+    takes_over = replace and _serving(root)
+    if http is not None and http[1] > 0 and not _agent_runs(root) and not takes_over:  # (5)
         check_port(*http)
 
 

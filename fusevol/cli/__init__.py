@@ -227,6 +227,13 @@ def _parser() -> argparse.ArgumentParser:
         help="address they listen on; /status names this node's pods and their errors, so "
         "the default is loopback (default: %(default)s)",
     )
+    run.add_argument(
+        "--replace",
+        action="store_true",
+        default=os.environ.get("FUSEVOL_REPLACE", "").lower() in ("1", "true", "yes"),
+        help="if an agent serves this root, take its FUSE connection over and have it retire (a "
+        "rollout: no read fails); without it a second agent is refused (FUSEVOL_REPLACE=true)",
+    )
     _env_option(
         run,
         "--ready-file",
@@ -319,12 +326,14 @@ def main(argv: list[str] | None = None) -> int:
                     kubeconfig=args.kubeconfig,
                     fuse=True,
                     http=(args.http_host, args.http_port),
+                    replace=args.replace,
                 )
                 # Imported before the fork, run only in the child: a child the launcher starts
                 # after a crash serves again without first spending a second or two on imports.
                 import fusevol.agent.app  # noqa: F401
 
-                launched = launch(layout.handover_socket(args.root.absolute()))
+                handover = layout.handover_socket(args.root.absolute())
+                launched = launch(handover, replace=args.replace)
                 if launched is not None:
                     # the launcher's: the agent runs in its child (fusevol.agent.launcher)
                     return launched

@@ -247,7 +247,7 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
         return tmp_path / f"ready-{n}"  # each pod's own, as in the chart
 
     def generation(n: int) -> AgentProcess:
-        args = ("--ready-file", str(ready_file(n)))
+        args = ("--replace", "--ready-file", str(ready_file(n)))
         return AgentProcess(manifests=manifests, root=tmp_path / "root", extra_args=args)
 
     agent = generation(0).start()
@@ -303,7 +303,7 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
             # mounter cannot see its processes, so the kernel reports its publisher's requests
             # with pid 0. Edits and a new pod's volume are still published through the mount.
             wrapper = ("unshare", "--pid", "--fork")
-            args = ("--ready-file", str(ready_file(99)))
+            args = ("--replace", "--ready-file", str(ready_file(99)))
             previous, agent = (
                 agent,
                 AgentProcess(

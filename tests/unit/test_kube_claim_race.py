@@ -220,8 +220,9 @@ def claim(**spec: Any) -> Obj:
 
 
 def wait_until(condition: Callable[[], bool]) -> None:
-    """From a worker thread: until `condition()` (the trio side runs meanwhile)."""
-    for _ in range(1000):
+    """From a worker thread: until `condition()` (the trio side runs meanwhile), for up to 20 s
+    (5 s ran out once in a full run with the image build and a Kubernetes node on the machine)."""
+    for _ in range(4000):
         if condition():
             return
         threading.Event().wait(0.005)
