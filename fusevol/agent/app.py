@@ -1,6 +1,7 @@
 """The composition root: builds every component in dependency order, starts them in order, stops
-cleanly. Each concern lives in the module named for it: the lock (fusevol.agent.lock), the hand-over
-(fusevol.agent.handover), systemd's notify protocol (fusevol.agent.sdnotify), the metrics wiring
+cleanly. Each concern lives in the module named for it: the phases of the agent's life
+(fusevol.agent.lifecycle), the lock (fusevol.agent.lock), the hand-over (fusevol.agent.handover),
+systemd's notify protocol (fusevol.agent.sdnotify), the metrics wiring
 (fusevol.observe.component_metrics); this module only connects them.
 
 Start-up order (each `nursery.start` returns once the component is ready):
@@ -13,15 +14,17 @@ Start-up order (each `nursery.start` returns once the component is ready):
     4. the executor and the status reporter;
     5. the source (a manifest directory, or the Kubernetes API): returns after its complete
        initial read (the store is synced);
-    6. the reconciler.
-Two kinds of stop (`stop()`):
-- SIGTERM hands over (systemd's stop and restart, a DaemonSet rollout): the reconciler and the
+    6. the reconciler; then, if the connection can be taken over, the hand-over socket, where a
+       successor started with `--replace` may ask for it (a rollout).
+Two kinds of stop (`stop()`), each a path through the lifecycle's table:
+- SIGTERM hands over (systemd's stop and restart, a deleted agent pod): the reconciler and the
   operations in flight are cancelled, but every pod volume stays mounted, as kubelet leaves
   running pods their volumes. Launched by `fusevol run` (fusevol/agent/launcher.py), the agent then
   serves on as a lame duck until the next agent has stacked its binds (fusevol/agent/handover.py),
   so that no read fails; without a launcher its binds turn dead when it exits, and the next agent
   stacks fresh ones on them (reconstruct.py), which containers see through propagation (README,
-  "Restarts").
+  "Restarts"). A successor's request while we serve (a rollout) is the same stop, but answered at
+  once with our connection, and our launcher retires instead of exiting.
 - SIGINT (Ctrl-C) and cancellation tear down in reverse: every pod volume is unmounted, then the
   FUSE mount goes. The FUSE server keeps answering until the last bind mount of it is gone, so no
   unmount waits on a dead server. `fusevol teardown` (fusevol/cli/teardown.py) does the same after a
