@@ -52,7 +52,7 @@ from fusevol.node import layout
 from fusevol.volumemanager.cache.actual import MountState
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Iterable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
     from pathlib import Path
 
     from fusevol.model import UniqueVolumeName
@@ -146,13 +146,7 @@ async def serve_as_lame_duck(
     to take over (None: we cannot be taken over, and such a request is refused by closing).
     Reports started once listening: the caller releases the agent lock only then, so a successor
     that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    await listener.bind(str(path))
-    own = os.stat(path).st_ino
-    listener.listen(4)
-    try:
+    async with _listening(path) as listener:
         task_status.started()
         with trio.move_on_after(timeout_s):
             while True:
@@ -172,11 +166,6 @@ async def serve_as_lame_duck(
                     return True
                 log.info("the successor left without stacking its binds: waiting for the next")
         return False
-    finally:
-        listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == own:  # not a later lame duck's
-                os.unlink(path)
 
 
 async def hear_successors(
@@ -189,13 +178,7 @@ async def hear_successors(
     connection (`ROLL_OVER`), then give `on_request` that connection, still open, and return.
     The caller stops as on SIGTERM and answers on it (`give_connection`). Anything else a
     connection sends is ignored: a probe, a successor of a version that only stacks binds."""
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    await listener.bind(str(path))
-    own = os.stat(path).st_ino
-    listener.listen(4)
-    try:
+    async with _listening(path) as listener:
         task_status.started()
         while True:
             connection, _ = await listener.accept()
@@ -208,6 +191,20 @@ async def hear_successors(
                 on_request(connection)
                 return
             connection.close()
+
+
+@contextlib.asynccontextmanager
+async def _listening(path: Path) -> AsyncIterator[trio.socket.SocketType]:
+    """A unix socket listening at `path` (a stale one there replaced), closed and removed on
+    exit, unless `path` is another listener's by then (a later agent's)."""
+    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    await listener.bind(str(path))
+    own = os.stat(path).st_ino
+    listener.listen(4)
+    try:
+        yield listener
     finally:
         listener.close()
         with contextlib.suppress(FileNotFoundError):

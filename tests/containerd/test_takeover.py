@@ -73,14 +73,7 @@ def kill_agent(agent: AgentProcess) -> None:
 def test_plain_binds_read_through_every_takeover(
     containerd: Containerd, rootfs: Path, tmp_path: Path, report: Callable[[str], None]
 ) -> None:
-    manifests = tmp_path / "manifests"
-    manifests.mkdir()
-    write_pod_set(manifests)
-    (manifests / "configmap.yaml").write_text(configmap("v0"))
-    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
-    for directory in (out, slave_out):
-        directory.mkdir()
-        directory.chmod(0o777)
+    manifests, out, slave_out = _directories(tmp_path)
     agent = AgentProcess(manifests=manifests, root=tmp_path / "root").start()
     agents = [agent]
     try:
@@ -203,6 +196,19 @@ def test_plain_binds_read_through_every_takeover(
             force_stop(each)
 
 
+def _directories(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """The pod set's manifests (the ConfigMap at v0), and an output directory for each reader."""
+    manifests = tmp_path / "manifests"
+    manifests.mkdir()
+    write_pod_set(manifests)
+    (manifests / "configmap.yaml").write_text(configmap("v0"))
+    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
+    for directory in (out, slave_out):
+        directory.mkdir()
+        directory.chmod(0o777)
+    return manifests, out, slave_out
+
+
 def _failed(clock: LineClock) -> int:
     return sum(1 for _, line in clock.lines if not line.startswith("ok "))
 
@@ -234,14 +240,7 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
     launcher retires (stays, doing nothing) until it is stopped. Ten in a row, readers behind a
     plain rbind and an rslave bind: no read fails, `ls` always lists the keys, every edit after a
     rollout shows within a second."""
-    manifests = tmp_path / "manifests"
-    manifests.mkdir()
-    write_pod_set(manifests)
-    (manifests / "configmap.yaml").write_text(configmap("v0"))
-    out, slave_out = tmp_path / "out", tmp_path / "slave-out"
-    for directory in (out, slave_out):
-        directory.mkdir()
-        directory.chmod(0o777)
+    manifests, out, slave_out = _directories(tmp_path)
 
     def ready_file(n: int) -> Path:
         return tmp_path / f"ready-{n}"  # each pod's own, as in the chart
