@@ -54,9 +54,6 @@ TRANSITIONS: dict[Phase, frozenset[Phase]] = {
 }
 """Each phase -> the phases it may go to: the only place the order of a stop is written."""
 
-STOPPING = frozenset({Phase.HANDING_OVER, Phase.TEARING_DOWN})
-"""The phases a stop begins with."""
-
 
 class IllegalTransition(RuntimeError):
     """A transition the table does not allow: a bug of the agent, never of its input."""
@@ -69,8 +66,6 @@ class Lifecycle:
     def __init__(self) -> None:
         self.phase = Phase.STARTING
         self._visited = {Phase.STARTING}
-        self._entered = {phase: trio.Event() for phase in Phase}
-        self._entered[Phase.STARTING].set()
         self.fuse_up = False
         self._fuse_stopped = trio.Event()
 
@@ -81,7 +76,6 @@ class Lifecycle:
         log.info("lifecycle %s -> %s: %s", self.phase.value, phase.value, why)
         self.phase = phase
         self._visited.add(phase)
-        self._entered[phase].set()
 
     def has_been(self, phase: Phase) -> bool:
         return phase in self._visited
@@ -95,9 +89,6 @@ class Lifecycle:
     def mount_handed_on(self) -> bool:
         """The FUSE mountpoint is the next agent's (or detached for it): never unmount it."""
         return self.has_been(Phase.LAME_DUCK)
-
-    async def wait_entered(self, phase: Phase) -> None:
-        await self._entered[phase].wait()
 
     def fuse_started(self) -> None:
         self.fuse_up = True
