@@ -48,6 +48,8 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.agent.launcher import ROLL_OVER, TAKE_OVER
+from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
 from fusevol.volumemanager.cache.actual import MountState
 
@@ -61,10 +63,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 STACKED = b"stacked\n"
-TAKE_OVER = b"take-over\n"
-ROLL_OVER = b"roll-over\n"
-"""What a successor started with `--replace` sends: a serving agent hands over only on this (a
-rollout); a lame duck on either."""
 LAME_DUCK_S = 60.0
 """How long a lame duck waits for a successor to stack its binds before it exits anyway."""
 LINGER_S = 1.0
@@ -156,11 +154,7 @@ async def serve_as_lame_duck(
                     while chunk := await connection.recv(64):
                         received += chunk
                         if received in (TAKE_OVER, ROLL_OVER) and hand_over is not None:
-                            fds = await hand_over()
-                            rights = array.array("i", fds).tobytes()
-                            await connection.sendmsg(
-                                [TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
-                            )
+                            await _send_connection(connection, hand_over)
                             return True
                 if received.startswith(STACKED):
                     return True
@@ -207,9 +201,7 @@ async def _listening(path: Path) -> AsyncIterator[trio.socket.SocketType]:
         yield listener
     finally:
         listener.close()
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(path).st_ino == own:
-                os.unlink(path)
+        unlink_if_same(path, own)
 
 
 async def give_connection(
@@ -217,10 +209,16 @@ async def give_connection(
 ) -> None:
     """Answer a successor's `ROLL_OVER` (`hear_successors`) with our connection's descriptors."""
     with connection:
-        fds = await hand_over()
-        rights = array.array("i", fds).tobytes()
-        await connection.sendmsg([TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
+        await _send_connection(connection, hand_over)
     log.info("lame duck done: the next agent took the connection over")
+
+
+async def _send_connection(
+    connection: trio.socket.SocketType, hand_over: Callable[[], Awaitable[list[int]]]
+) -> None:
+    """Stop serving (`hand_over`) and send its descriptors to the successor (SCM_RIGHTS)."""
+    rights = array.array("i", await hand_over()).tobytes()
+    await connection.sendmsg([TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
 
 
 class Predecessor:

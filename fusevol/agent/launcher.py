@@ -65,10 +65,11 @@ RETIRED = b"R"
 """The child handed its connection to a successor that asked for it (a rollout): the launcher
 stays, doing nothing, until it is stopped."""
 TAKE_OVER = b"take-over\n"
-ROLL_OVER = b"roll-over\n"
-"""What `fusevol run --replace` sends instead: a serving agent hands over on it too (a rollout)."""
 """What the next launcher sends a lame duck to take its connection over
-(`fusevol.agent.handover`)."""
+(`fusevol.agent.handover`), and what the lame duck answers with the descriptors."""
+ROLL_OVER = b"roll-over\n"
+"""What `fusevol run --replace` sends instead: a serving agent hands over only on this (a
+rollout), a lame duck on either."""
 CONNECTION = b"C"
 RESTARTS = 5
 _PR_SET_PDEATHSIG = 1

@@ -38,6 +38,14 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = Fa
         raise
 
 
+def unlink_if_same(path: str | os.PathLike[str], inode: int) -> None:
+    """Remove `path` if it is still the file `inode` (a socket we bound there), not one a
+    successor has put there since; no-op if it is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        if os.lstat(path).st_ino == inode:
+            os.unlink(path)
+
+
 def mkdir_all(path: str | os.PathLike[str], mode: int) -> None:
     """Go's `os.MkdirAll(path, mode)`: every directory it creates gets `mode` (less the umask),
     intermediate ones included (Python's `os.makedirs` applies `mode` to the last one only).

@@ -36,6 +36,7 @@ from google.protobuf import wrappers_pb2
 
 from fusevol import __version__
 from fusevol.base.errors import FusevolError
+from fusevol.base.fsutil import unlink_if_same
 from fusevol.csi import csi_pb2 as pb, registration_pb2 as reg
 from fusevol.csi.attributes import DRIVER, CsiError
 
@@ -79,7 +80,6 @@ class CsiServer:
         self._ready = ready
         self._registration = registration
         self._handing_over = handing_over
-        self._registered_inode = -1
         self._token: trio.lowlevel.TrioToken | None = None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
@@ -97,7 +97,7 @@ class CsiServer:
         except RuntimeError as exc:
             raise FusevolError(f"csi: cannot listen on {self.path}: {exc}") from None
         server.start()
-        registered = None
+        registered: tuple[grpc.Server, int] | None = None
         try:
             log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
             if self._registration is not None:
@@ -108,12 +108,13 @@ class CsiServer:
             server.stop(grace=None)  # cancels calls in flight; kubelet retries them
             with contextlib.suppress(FileNotFoundError):
                 self.path.unlink()
-            if registered is not None:
-                registered.stop(grace=None)
+            if registered is not None and self._registration is not None:
+                registration_server, inode = registered
+                registration_server.stop(grace=None)
                 if not self._handing_over():  # else the successor's replaces it
-                    _unlink_own(self._registration, registered_inode=self._registered_inode)
+                    unlink_if_same(self._registration, inode)
 
-    def _register(self, path: Path) -> grpc.Server:
+    def _register(self, path: Path) -> tuple[grpc.Server, int]:
         """Answer kubelet's plugin watcher at `path` (GetInfo, NotifyRegistrationStatus): what
         node-driver-registrar does. The socket is bound aside and renamed into place, so that a
         successor's replaces its predecessor's in one step (kubelet sees one new socket, never
@@ -129,10 +130,10 @@ class CsiServer:
         except RuntimeError as exc:
             raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
         server.start()
-        self._registered_inode = os.lstat(aside).st_ino
+        inode = os.lstat(aside).st_ino
         os.replace(aside, path)
         log.info("csi registration socket for kubelet path=%s", path)
-        return server
+        return server, inode
 
     def _registration_handler(self) -> grpc.GenericRpcHandler:
         def get_info(request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
@@ -265,13 +266,6 @@ def _unary(
         request_deserializer=request_type.FromString,
         response_serializer=lambda message: message.SerializeToString(),
     )
-
-
-def _unlink_own(path: Path | None, *, registered_inode: int) -> None:
-    """Remove `path` if it is still the socket we bound there (not a successor's)."""
-    with contextlib.suppress(FileNotFoundError, TypeError):
-        if path is not None and os.lstat(path).st_ino == registered_inode:
-            path.unlink()
 
 
 def _remove_stale_socket(path: Path) -> None:

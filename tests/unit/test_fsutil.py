@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.base.fsutil import mkdir_all
+from fusevol.base.fsutil import mkdir_all, unlink_if_same
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -44,3 +44,16 @@ def test_a_file_in_the_way_is_an_error(tmp_path: Path, where: str) -> None:
     path = tmp_path / "f" if where == "leaf" else tmp_path / "f" / "x" / "y"
     with pytest.raises((FileExistsError, NotADirectoryError)):
         mkdir_all(path, 0o750)
+
+
+def test_unlink_if_same_removes_only_the_file_it_names(tmp_path: Path) -> None:
+    path, successor = tmp_path / "sock", tmp_path / "successor"
+    path.write_text("ours")
+    successor.write_text("a successor's")  # both exist at once: two inodes
+    ours = os.lstat(path).st_ino
+    os.replace(successor, path)  # a successor's file now stands at the name
+    unlink_if_same(path, ours)
+    assert path.read_text() == "a successor's"
+    unlink_if_same(path, os.lstat(path).st_ino)
+    assert not path.exists()
+    unlink_if_same(path, ours)  # gone: nothing to do
