@@ -125,7 +125,19 @@ def _env_option(
             _BAD_VARIABLES.append(_BadVariable(flag, variable, value, reason))
         else:
             default = converted
-    parser.add_argument(flag, type=type, choices=choices, default=default, **kwargs)
+    if kwargs.get("action") == "store_true":  # a flag: the variable says whether it is given
+        parser.add_argument(flag, default=default, **kwargs)
+    else:
+        parser.add_argument(flag, type=type, choices=choices, default=default, **kwargs)
+
+
+def boolean(text: str) -> bool:
+    """A flag's variable: true, yes or 1; false, no or 0 (any case); anything else is bad."""
+    words = {"true": True, "yes": True, "1": True, "false": False, "no": False, "0": False}
+    try:
+        return words[text.lower()]
+    except KeyError:
+        raise ValueError(text) from None
 
 
 def _root_option(parser: argparse.ArgumentParser) -> None:
@@ -227,10 +239,12 @@ def _parser() -> argparse.ArgumentParser:
         help="address they listen on; /status names this node's pods and their errors, so "
         "the default is loopback (default: %(default)s)",
     )
-    run.add_argument(
+    _env_option(
+        run,
         "--replace",
         action="store_true",
-        default=os.environ.get("FUSEVOL_REPLACE", "").lower() in ("1", "true", "yes"),
+        type=boolean,
+        default=False,
         help="if an agent serves this root, take its FUSE connection over and have it retire (a "
         "rollout: no read fails); without it a second agent is refused (FUSEVOL_REPLACE=true)",
     )

@@ -55,6 +55,7 @@ def test_a_bad_variable_is_one_line_of_usage_error_through_the_real_cli() -> Non
             "verbose",
             "invalid choice (choose from 'debug', 'info', 'warning', 'error')",
         ),
+        ("FUSEVOL_REPLACE", "maybe", "invalid boolean value"),
     ],
 )
 def test_every_variable_is_checked_as_its_flag(
@@ -95,12 +96,16 @@ def test_good_variables_are_converted(monkeypatch: pytest.MonkeyPatch) -> None:
         "FUSEVOL_LOG_LEVEL": "DEBUG",
         "FUSEVOL_CHANGE_DETECTION": "Get",
         "FUSEVOL_ROOT": "/srv/fusevol",
+        "FUSEVOL_REPLACE": "True",
     }.items():
         monkeypatch.setenv(name, value)
     args = cli._parser().parse_args(["run"])
     assert (args.http_port, args.sync_period, args.cache_ttl) == (-1, 2.5, 0.0)
     assert (args.log_level, args.change_detection) == ("debug", "Get")
     assert args.root == Path("/srv/fusevol")
+    assert args.replace is True
+    monkeypatch.setenv("FUSEVOL_REPLACE", "no")
+    assert cli._parser().parse_args(["run"]).replace is False
     assert cli._parser().parse_args(["status"]).root == Path("/srv/fusevol")
 
 
