@@ -181,7 +181,7 @@ class Agent:
             port=settings.http.port,
             metrics=self.metrics,
             healthy=lambda: self.lifecycle.fuse_up,
-            ready=lambda: self.store.synced and self.reconciler.passes > 0,
+            ready=self._reconciled,
             status=self.status.snapshot,
         )
         component_metrics.register(
@@ -217,9 +217,7 @@ class Agent:
                     track=built.csi_track,
                     source_name=built.name,
                 ),
-                ready=lambda: (
-                    self.lifecycle.fuse_up and self.store.synced and self.reconciler.passes > 0
-                ),
+                ready=lambda: self.lifecycle.fuse_up and self._reconciled(),
             )
         self.lifecycle = Lifecycle()
         """The agent's phase (fusevol.agent.lifecycle): every step of a stop is a transition."""
@@ -249,6 +247,10 @@ class Agent:
             "reconciler": dataclasses.asdict(self.reconciler.statistics()),
         }
 
+    def _reconciled(self) -> bool:
+        """Ready: the source has delivered everything once, and a reconciler pass acted on it."""
+        return self.store.synced and self.reconciler.passes > 0
+
     def _on_pass(self) -> None:
         """After each reconciler pass: the status snapshot is due, and the agent may be ready."""
         self.status.changed()
@@ -261,7 +263,7 @@ class Agent:
             ready_file is not None
             and not self._ready
             and self.lifecycle.phase is Phase.SERVING
-            and self.reconciler.passes > 0
+            and self._reconciled()
         ):
             self._ready = True
             ready_file.parent.mkdir(parents=True, exist_ok=True)
