@@ -52,6 +52,7 @@ from fusevol.agent.handover import (
     hear_successors,
     release_once_set_up,
 )
+from fusevol.agent.holder import offer
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
@@ -235,6 +236,8 @@ class Agent:
         """A successor that asked for our connection while we served (a rollout)."""
         self._connection: Connection | None = None
         """Our FUSE connection, once the launcher holds it too (`_connected`)."""
+        self._holder_has_it = False
+        """`fusevol hold` took duplicates of our connection when we offered them."""
 
     def statistics(self) -> dict[str, Any]:
         """Every component's counters, for the status snapshot."""
@@ -352,9 +355,14 @@ class Agent:
             nursery.start_soon(release)
         if self._launcher is not None and self._connection is not None:
             hear = functools.partial(
-                hear_successors, layout.handover_socket(root), on_request=self._successor_asks
+                hear_successors,
+                layout.handover_socket(root),
+                on_request=self._successor_asks,
+                holding=self._descriptors,
             )
             await nursery.start(hear)
+            if not self._holder_has_it:  # a holder that started meanwhile asked nobody
+                self._offer_to_holder()
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
         self._mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)
@@ -479,6 +487,20 @@ class Agent:
         sdnotify.store_fds(FDNAME_STATE, [self._journal.fd])  # service keeps them too
         self._connection = connection
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
+        self._offer_to_holder()
+
+    def _descriptors(self) -> list[int]:
+        """Our FUSE connection and state memfd, for whoever keeps them for a successor."""
+        assert self._connection is not None
+        assert self._journal is not None
+        return [self._connection.fd, self._journal.fd]
+
+    def _offer_to_holder(self) -> None:
+        """Give `fusevol hold`, if it runs on our root, duplicates of our connection: a deleted
+        agent pod then costs readers a pause, not a dead volume (fusevol.agent.holder)."""
+        self._holder_has_it = offer(self.settings.root, self._descriptors())
+        if self._holder_has_it:
+            log.info("FUSE connection held by fusevol hold: the agent's pod may go")
 
 
 async def run_until_signalled(settings: Settings) -> None:

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.agent.holder import HOLD, HOLDER
 from fusevol.agent.launcher import ROLL_OVER, TAKE_OVER
 from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
@@ -166,25 +167,35 @@ async def hear_successors(
     path: Path,
     *,
     on_request: Callable[[trio.socket.SocketType], None],
+    holding: Callable[[], list[int]],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """A serving agent's side of a rollout: listen at `path` until a successor asks for our FUSE
     connection (`ROLL_OVER`), then give `on_request` that connection, still open, and return.
-    The caller stops as on SIGTERM and answers on it (`give_connection`). Anything else a
-    connection sends is ignored: a probe, a successor of a version that only stacks binds."""
+    The caller stops as on SIGTERM and answers on it (`give_connection`). A holder that starts
+    (`HOLDER`, `fusevol.agent.holder`) gets duplicates of `holding()`, our descriptors, and we
+    go on. Anything else a connection sends is ignored: a probe, a successor of a version that
+    only stacks binds."""
     async with _listening(path) as listener:
         task_status.started()
         while True:
             connection, _ = await listener.accept()
             received = b""
             with trio.move_on_after(5.0):
-                while len(received) < len(ROLL_OVER) and (chunk := await connection.recv(64)):
+                while b"\n" not in received and (chunk := await connection.recv(64)):
                     received += chunk
             if received == ROLL_OVER:
                 log.info("the next agent asks for the FUSE connection")
                 on_request(connection)
                 return
-            connection.close()
+            with connection:
+                if received == HOLDER:
+                    rights = array.array("i", holding()).tobytes()
+                    with contextlib.suppress(OSError):
+                        await connection.sendmsg(
+                            [HOLD], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
+                        )
+                        log.info("gave the holder a duplicate of the FUSE connection")
 
 
 @contextlib.asynccontextmanager

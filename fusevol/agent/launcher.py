@@ -141,14 +141,21 @@ class _Held:
         self.fds = None
 
 
-def launch(handover_socket: Path | None = None, *, replace: bool = False) -> int | None:
+def launch(
+    handover_socket: Path | None = None,
+    *,
+    holder_socket: Path | None = None,
+    replace: bool = False,
+) -> int | None:
     """Fork the agent. Returns None in the child, which goes on to run the agent (`fusevol.cli`),
     and the exit status for `fusevol run` in the launcher, once it may exit.
 
     A lame duck listening at `handover_socket` (an upgrade-restart), or with `replace` an agent
     serving there (a rollout), is asked for its connection first (whoever still serves must stop
     before anyone else serves); else the connection systemd kept in its file descriptor store, if
-    any (`$LISTEN_FDS`). The first child then takes it over as after a crash.
+    any (`$LISTEN_FDS`); else the one `fusevol hold` keeps at `holder_socket`, if any (the
+    previous agent's pod is gone: `fusevol.agent.holder`). The first child then takes it over as
+    after a crash.
 
     A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
     launcher has parsed the arguments and imported the agent, but started nothing of it."""
@@ -162,6 +169,17 @@ def launch(handover_socket: Path | None = None, *, replace: bool = False) -> int
         _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
     else:
         held.replace(_listen_fds())
+    if (
+        held.fds is None
+        and holder_socket is not None
+        and (fds := take_over_from(holder_socket, timeout_s=5.0)) is not None
+    ):
+        held.replace(list(fds))
+        print(
+            "fusevol: taking over the FUSE connection that fusevol hold kept",
+            file=sys.stderr,
+            flush=True,
+        )
     held.fresh = False  # until our first child has taken it over
     stopping = False
     failed_restarts = 0

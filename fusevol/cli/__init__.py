@@ -6,6 +6,7 @@
     fusevol teardown [--root DIR]
     fusevol wait [--root DIR] POD [--timeout 2m]
     fusevol mounts [--root DIR] POD --container NAME [--format ctr|oci|json]
+    fusevol hold [--root DIR]
 
 The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
 source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
@@ -20,7 +21,8 @@ Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2
 
 This package parses the command line and dispatches; each command is a module of its own:
 `run` (the agent's process, after `fusevol.agent.launcher` forked it), `status`, `teardown`, and
-`runtime` (`wait` and `mounts`, what a container runtime asks).
+`runtime` (`wait` and `mounts`, what a container runtime asks); `hold` is
+`fusevol.agent.holder`'s.
 """
 
 from __future__ import annotations
@@ -326,6 +328,15 @@ def _parser() -> argparse.ArgumentParser:
         help="ctr run --mount arguments, the OCI runtime spec's mounts array, or JSON "
         "(default: %(default)s)",
     )
+
+    hold = commands.add_parser(
+        "hold",
+        help="keep the agent's FUSE connection outside its pod, for the next agent to take over",
+        description="Hold duplicates of the serving agent's FUSE connection and give them to "
+        "the next agent, so that readers wait instead of failing while no agent runs (a deleted "
+        "agent pod). Runs until SIGTERM or SIGINT.",
+    )
+    _root_option(hold)
     parser.bad_variables = list(_BAD_VARIABLES)
     return parser
 
@@ -346,8 +357,12 @@ def main(argv: list[str] | None = None) -> int:
                 # after a crash serves again without first spending a second or two on imports.
                 import fusevol.agent.app  # noqa: F401
 
-                handover = layout.handover_socket(args.root.absolute())
-                launched = launch(handover, replace=args.replace)
+                root = args.root.absolute()
+                launched = launch(
+                    layout.handover_socket(root),
+                    holder_socket=layout.holder_socket(root),
+                    replace=args.replace,
+                )
                 if launched is not None:
                     # the launcher's: the agent runs in its child (fusevol.agent.launcher)
                     return launched
@@ -359,6 +374,12 @@ def main(argv: list[str] | None = None) -> int:
             from fusevol.cli import teardown
 
             return teardown.main(args)
+        if args.command == "hold":
+            from fusevol.agent import holder
+            from fusevol.base import log
+
+            log.setup("info")
+            return holder.hold(args.root.absolute())
         if args.command in ("wait", "mounts"):
             from fusevol.cli import runtime
 

@@ -146,6 +146,12 @@ def handover_socket(root: Path) -> Path:
     return agent_dir(root) / "handover.sock"
 
 
+def holder_socket(root: Path) -> Path:
+    """Where `fusevol hold` keeps the agent's FUSE connection for the next agent
+    (`fusevol.agent.holder`)."""
+    return agent_dir(root) / "holder.sock"
+
+
 def status_file(root: Path) -> Path:
     return agent_dir(root) / "status.json"
 

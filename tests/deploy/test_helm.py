@@ -135,13 +135,28 @@ def expected_kinds(values: Obj) -> list[str]:
     """The kinds the chart renders with `values`, sorted: the agent, and unless told otherwise
     its service account and permissions."""
     if values is NO_RBAC:
-        return ["DaemonSet"]
-    return ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "ServiceAccount"]
+        return ["DaemonSet", "DaemonSet"]
+    return ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DaemonSet", "ServiceAccount"]
 
 
 def one(objs: list[Obj], kind: str) -> Obj:
     [obj] = [o for o in objs if o["kind"] == kind]
     return obj
+
+
+def agent(objs: list[Obj]) -> Obj:
+    """The agent's DaemonSet (the other is the holder's)."""
+    [obj] = [o for o in objs if o["kind"] == "DaemonSet" and not _is_holder(o)]
+    return obj
+
+
+def holder(objs: list[Obj]) -> Obj:
+    [obj] = [o for o in objs if o["kind"] == "DaemonSet" and _is_holder(o)]
+    return obj
+
+
+def _is_holder(obj: Obj) -> bool:
+    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "holder"
 
 
 def named(items: list[Obj], name: str) -> Obj:
@@ -180,7 +195,7 @@ def test_renders_the_agent_and_its_permissions(chart: helm.Chart, values: Obj) -
 def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPatch) -> None:
     want = merged(values)
     root, manifests = want["root"], want["source"]["manifests"]["hostPath"]
-    daemonset = one(render(chart, values), "DaemonSet")
+    daemonset = agent(render(chart, values))
     pod = daemonset["spec"]["template"]["spec"]
     [container] = pod["containers"]
     volumes, mounts = pod["volumes"], container["volumeMounts"]
@@ -301,13 +316,13 @@ def test_rbac_grants_exactly_what_the_api_source_uses(chart: helm.Chart, values:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": NAMESPACE}
     ]
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = agent(objs)["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
     assert account["automountServiceAccountToken"] is False
 
 
 def test_an_existing_service_account_is_used_as_named(chart: helm.Chart) -> None:
-    pod = one(render(chart, NO_RBAC), "DaemonSet")["spec"]["template"]["spec"]
+    pod = agent(render(chart, NO_RBAC))["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "existing"
 
 
@@ -316,7 +331,7 @@ def test_the_kubernetes_source_uses_the_api_and_no_host_directory(chart: helm.Ch
         "source": {"kubernetes": True, "manifests": {"hostPath": ""}, "changeDetection": "Get"}
     }
     objs = render(chart, values)
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = agent(objs)["spec"]["template"]["spec"]
     args = pod["containers"][0]["args"]
     assert args[args.index("--source") + 1] == "kubernetes"
     assert args[args.index("--change-detection") + 1] == "Get"
@@ -403,7 +418,7 @@ def test_the_standalone_clusterrole_is_valid_kubernetes(kube_version: str) -> No
 
 
 def test_the_validator_refuses_a_misspelt_field(chart: helm.Chart) -> None:
-    daemonset = one(render(chart, {}), "DaemonSet")
+    daemonset = agent(render(chart, {}))
     mount = daemonset["spec"]["template"]["spec"]["containers"][0]["volumeMounts"][0]
     mount["mountPropogation"] = mount.pop("mountPropagation")
     with pytest.raises(kubernetes_validate.ValidationError, match="mountPropogation"):
@@ -441,3 +456,46 @@ def test_versions_root_and_port_agree_with_the_agent_and_the_unit(chart: helm.Ch
     assert str(chart.values["httpPort"]) == env["FUSEVOL_HTTP_PORT"]
     assert cli._parser().parse_args(["run"]).http_port == chart.values["httpPort"]
     assert cli._parser().parse_args(["run"]).http_host == "127.0.0.1"  # loopback unless told
+
+
+@pytest.mark.parametrize("values", VALUE_SETS)
+def test_the_holder(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The holder keeps the agent's FUSE connection while no agent pod runs: `fusevol hold` on
+    the agent's root, in a DaemonSet of its own that an upgrade leaves alone (OnDelete), with no
+    privilege, no token, and only the agent's directory, whose mounts leave it with the host's.
+    Neither DaemonSet's selector picks the other's pods."""
+    want = merged(values)
+    objs = render(chart, values)
+    daemonset, agents = holder(objs), agent(objs)
+    assert daemonset["spec"]["updateStrategy"] == {"type": "OnDelete"}
+    for one_set, other in ((daemonset, agents), (agents, daemonset)):
+        selector = one_set["spec"]["selector"]["matchLabels"].items()
+        assert selector <= one_set["spec"]["template"]["metadata"]["labels"].items()
+        assert not selector <= other["spec"]["template"]["metadata"]["labels"].items()
+    pod = daemonset["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
+        monkeypatch.delenv(name)
+    args = cli._parser().parse_args(container["args"])
+    assert container["command"] == ["fusevol"]
+    assert (args.command, args.root) == ("hold", Path(want["root"]))
+    assert container["image"] == agent(objs)["spec"]["template"]["spec"]["containers"][0]["image"]
+    assert container["securityContext"] == {
+        "runAsUser": 0,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "capabilities": {"drop": ["ALL"]},
+    }
+    assert pod["automountServiceAccountToken"] is False
+    agent_dir = f"{want['root']}/fusevol"
+    assert pod["volumes"] == [
+        {"name": "agent-dir", "hostPath": {"path": agent_dir, "type": "DirectoryOrCreate"}}
+    ]
+    assert container["volumeMounts"] == [
+        {"name": "agent-dir", "mountPath": agent_dir, "mountPropagation": "HostToContainer"}
+    ]
+    assert container["resources"] == want["holder"]["resources"]
+    assert pod.get("tolerations") == (want["tolerations"] or None)
+    assert pod.get("nodeSelector") == (want["nodeSelector"] or None)
+
+    assert [o for o in render(chart, {"holder": {"enabled": False}}) if _is_holder(o)] == []

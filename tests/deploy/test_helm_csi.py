@@ -15,7 +15,7 @@ import pytest
 from fusevol import cli
 from fusevol.csi.attributes import DRIVER
 from fusevol.csi.server import socket_path
-from tests.deploy.test_helm import CHART, KUBE_VERSIONS, named, one, render
+from tests.deploy.test_helm import CHART, KUBE_VERSIONS, agent, named, one, render
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -43,7 +43,7 @@ def chart() -> Iterator[Any]:
 def test_no_csi_driver_unless_enabled(chart: helm.Chart) -> None:
     objs = render(chart, KUBERNETES)
     assert "CSIDriver" not in [o["kind"] for o in objs]
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = agent(objs)["spec"]["template"]["spec"]
     assert [c["name"] for c in pod["containers"]] == ["fusevol"]
     assert "--csi-endpoint" not in pod["containers"][0]["args"]
 
@@ -69,17 +69,17 @@ def test_csi_driver_and_kubelet_dir(
     assert spec.get("tokenRequests") == (csi.get("tokenRequests") or None)
     assert spec["requiresRepublish"] is bool(csi.get("tokenRequests"))
 
-    pod = one(objs, "DaemonSet")["spec"]["template"]["spec"]
+    pod = agent(objs)["spec"]["template"]["spec"]
     # One container: the agent registers the driver with kubelet itself (no registrar sidecar,
     # whose stop removed the registration a successor had made).
-    [agent] = pod["containers"]
+    [container] = pod["containers"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in agent["args"]])
+    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
     socket = Path(kubelet_dir) / "plugins" / DRIVER / "csi.sock"
     assert socket_path(args.csi_endpoint) == socket
     assert args.kubelet_dir == Path(kubelet_dir)
-    assert named(agent["volumeMounts"], "kubelet-dir") == {
+    assert named(container["volumeMounts"], "kubelet-dir") == {
         "name": "kubelet-dir",
         "mountPath": kubelet_dir,
         "mountPropagation": "Bidirectional",

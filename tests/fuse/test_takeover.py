@@ -338,3 +338,77 @@ def test_systemd_fd_store_keeps_the_connection_through_kill_9_of_everything(
         f"kill -9 of the whole service, fd store: {len(records)} reads, 0 failed,"
         f" longest read {pause:.2f} s (0.5 s of it the restart delay)"
     )
+
+
+class Holder:
+    """`fusevol hold` on `root`, as the chart's holder pod runs it."""
+
+    def __init__(self, root: Path) -> None:
+        self.log_path = root.parent / f"{root.name}-holder.log"
+        argv = [sys.executable, "-m", "fusevol", "hold", "--root", str(root)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: "holding FUSE connections" in self.log_text())
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self) -> int:
+        self.process.terminate()
+        return self.process.wait(timeout=10)
+
+
+@pytest.mark.parametrize("holder_first", [True, False], ids=["holder-first", "agent-first"])
+def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
+    manifests: Path, tmp_path: Path, holder_first: bool
+) -> None:
+    """`fusevol hold` (the chart's holder pod) keeps the connection through kill -9 of `fusevol
+    run` and its agent, as a deleted agent pod is: no read fails, the next start takes the
+    connection over from the holder. It gets the connection whether it starts before the agent
+    (the agent offers it) or after (it asks the serving agent), and lets go of it once the
+    agent's tear-down has ended the connection."""
+    root = tmp_path / "root"
+    holder = Holder(root) if holder_first else None
+    try:
+        with running_agent(manifests, root) as agent:
+            agent.wait_state(POD_UID, "config", "mounted")
+            if holder is None:
+                holder = Holder(root)
+                assert "holding the serving agent's" in holder.log_text()
+            else:
+                wait_for(lambda: "held by fusevol hold" in agent.log_text())
+            holder_log = holder.log_text
+            reader = Reader(agent.volume(POD_UID, "configmap", "config"), tmp_path / "reads")
+            try:
+                assert agent.process is not None
+                killed = time.monotonic()
+                agent.process.kill()  # the whole pod: launcher and agent
+                os.kill(agent.pid, signal.SIGKILL)
+                agent.process.wait(timeout=10)
+                agent.wait_agent_gone(10)
+                time.sleep(0.5)  # the DaemonSet's new pod starting: readers wait meanwhile
+                offset = len(agent.log_text())
+                agent.start()
+                log = agent.log_text()[offset:]
+                assert "taking over the FUSE connection that fusevol hold kept" in log
+                assert "FUSE taken over" in log
+                before = len(reader.records())
+                wait_for(lambda: len(reader.records()) > before + 10, timeout_s=20)
+                (manifests / "configmap.yaml").write_text(configmap(a="edited"))
+                wait_for(lambda: reader.records()[-1][3:4] == ["edited"], timeout_s=10)
+                wait_for(lambda: "held by fusevol hold" in agent.log_text()[offset:])
+            finally:
+                records = reader.stop()
+            agent.stop()  # a tear-down: the connection ends, the holder lets go of it
+            wait_for(lambda: "no longer held" in holder_log(), timeout_s=10)
+    finally:
+        if holder is not None:
+            assert holder.stop() == 0
+    failed = [r for r in records if r[2] != "ok"]
+    assert failed == [], failed[:5]
+    around = [r for r in records if float(r[1]) >= killed]  # type: ignore[arg-type]
+    pause = max(float(r[1]) - float(r[0]) for r in around)  # type: ignore[arg-type]
+    print(
+        f"kill -9 of the agent's pod, holder: 0 failed reads of {len(records)},"
+        f" longest {pause:.2f} s"
+    )

@@ -30,12 +30,29 @@ app.kubernetes.io/name: {{ include "fusevol.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 
-{{/* Labels of every object. */}}
+{{/* Labels that select the holder's pods: never the agent's DaemonSet's. */}}
+{{- define "fusevol.holderSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "fusevol.name" . }}-holder
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/* Labels of every object but the holder's. */}}
 {{- define "fusevol.labels" -}}
-helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{ include "fusevol.commonLabels" . }}
 {{ include "fusevol.selectorLabels" . }}
-app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/component: node-agent
+{{- end }}
+
+{{/* Labels of the holder's objects. */}}
+{{- define "fusevol.holderLabels" -}}
+{{ include "fusevol.commonLabels" . }}
+{{ include "fusevol.holderSelectorLabels" . }}
+app.kubernetes.io/component: holder
+{{- end }}
+
+{{- define "fusevol.commonLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 {{- end }}
 
