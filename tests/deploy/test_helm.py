@@ -156,7 +156,7 @@ def holder(objs: list[Obj]) -> Obj:
 
 
 def _is_holder(obj: Obj) -> bool:
-    return obj["metadata"]["labels"].get("app.kubernetes.io/component") == "holder"
+    return bool(obj["metadata"]["labels"].get("app.kubernetes.io/component") == "holder")
 
 
 def named(items: list[Obj], name: str) -> Obj:
