@@ -429,3 +429,21 @@ def write_atomically(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+class Holder:
+    """`fusevol hold` on `root`, as the chart's holder pod runs it."""
+
+    def __init__(self, root: Path) -> None:
+        self.log_path = root.parent / f"{root.name}-holder.log"
+        argv = [sys.executable, "-m", "fusevol", "hold", "--root", str(root)]
+        with open(self.log_path, "ab") as log:
+            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
+        wait_for(lambda: "holding FUSE connections" in self.log_text())
+
+    def log_text(self) -> str:
+        return self.log_path.read_text() if self.log_path.exists() else ""
+
+    def stop(self) -> int:
+        self.process.terminate()
+        return self.process.wait(timeout=10)

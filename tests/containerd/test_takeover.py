@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING
 import pytest
 
 from fusevol.fuse.session import can_take_over
-from tests.agent import AgentProcess, force_stop, pid_alive, wait_for, write_atomically
+from tests.agent import (
+    AgentProcess,
+    Holder,
+    force_stop,
+    mounts_below,
+    pid_alive,
+    wait_for,
+    write_atomically,
+)
 from tests.containerd.runtime import Containerd, LineClock, bind, needs_containerd
 from tests.manifests import (
     POD_UID,
@@ -349,3 +357,99 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
     finally:
         for each in agents:
             force_stop(each)
+
+
+DELETIONS = 5
+
+
+def test_a_deleted_agent_pod_costs_readers_a_pause_not_a_read(
+    containerd: Containerd, rootfs: Path, tmp_path: Path, report: Callable[[str], None]
+) -> None:
+    """No overlap: each generation in a PID namespace of its own (a pod) is SIGKILLed whole, as
+    a deleted, evicted or OOM-killed agent pod is, before the next one starts. `fusevol hold`
+    (the chart's holder pod) keeps the connection meanwhile, and the next generation takes it
+    over from there: readers behind a plain rbind and an rslave bind wait, none fails, and the
+    next edit shows within a second. Five times in a row."""
+    manifests, out, slave_out = _directories(tmp_path)
+    root = tmp_path / "root"
+
+    def generation() -> AgentProcess:
+        return AgentProcess(
+            manifests=manifests,
+            root=root,
+            extra_args=("--replace",),
+            wrapper=("unshare", "--pid", "--fork", "--kill-child"),
+        )
+
+    holder = Holder(root)
+    agent = generation().start()
+    agents = [agent]
+    try:
+        agent.wait_state(POD_UID, "config", "mounted")
+        wait_for(lambda: "held by fusevol hold" in agent.log_text())
+        volume = agent.volume(POD_UID, "configmap", "config")
+        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+        for reads in (out / "reads", slave_out / "reads"):
+            reads.chmod(0o666)
+        readers = [
+            containerd.run(
+                name,
+                rootfs,
+                bind(volume, "/etc/config", "ro", propagation),
+                bind(directory, "/out", "rw"),
+                command=("sleep", "100000"),
+            )
+            for name, propagation, directory in (
+                ("plain", "rprivate", out),
+                ("slave", "rslave", slave_out),
+            )
+        ]
+        for name in readers:
+            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
+            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        try:
+            clock.wait_for("ok v0 v0", after=0)
+            slave_clock.wait_for("ok v0 v0", after=0)
+            seen_ms, pauses = [], []
+            for n in range(1, DELETIONS + 1):
+                killed = time.monotonic()
+                os.kill(agent.pid, signal.SIGKILL)  # the pod's PID 1: every process in it dies
+                assert agent.process is not None
+                agent.process.wait(timeout=10)
+                agent.wait_agent_gone(10)
+                time.sleep(0.5)  # the DaemonSet's next pod being created
+                agent = generation()
+                agents.append(agent.start())
+                assert "taking over the FUSE connection that fusevol hold kept" in (
+                    agent.log_text()
+                )
+                write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
+                edited = time.monotonic()
+                seen = clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
+                slave_clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
+                seen_ms.append((seen - edited) * 1000)
+                pauses.append(_longest_gap(clock, killed))
+        finally:
+            clock.close()
+            slave_clock.close()
+            for name in readers:
+                containerd.remove(name)
+        report(
+            f"{DELETIONS} agent pods SIGKILLed whole, no overlap, fusevol hold keeping the"
+            f" connection: {_failed(clock)} failed reads plain, {_failed(slave_clock)} rslave,"
+            f" {_mixed(clock)} mixed versions; longest read pause {max(pauses) * 1000:.0f} ms"
+            f" (0.5 s of it the wait before the next start); edit seen after each in"
+            f" {min(seen_ms):.0f}-{max(seen_ms):.0f} ms"
+        )
+        errors = (out / "errors").read_text() if (out / "errors").exists() else ""
+        assert (_failed(clock), _failed(slave_clock)) == (0, 0), errors[:500]
+        assert _mixed(clock) == 0
+        os.kill(agent.pid, signal.SIGINT)  # the tear-down, to the pod's PID 1 (unshare ignores it)
+        assert agent.process is not None
+        assert agent.process.wait(timeout=60) == 0
+        assert mounts_below(root) == []
+        wait_for(lambda: "no longer held" in holder.log_text(), timeout_s=10)
+    finally:
+        for each in agents:
+            force_stop(each)
+        assert holder.stop() == 0

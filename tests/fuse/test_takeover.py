@@ -24,7 +24,15 @@ import pytest
 
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE
 from fusevol.fuse.session import can_take_over
-from tests.agent import NODE, AgentProcess, mounts_below, pid_alive, running_agent, wait_for
+from tests.agent import (
+    NODE,
+    AgentProcess,
+    Holder,
+    mounts_below,
+    pid_alive,
+    running_agent,
+    wait_for,
+)
 from tests.manifests import POD_UID, configmap
 
 if TYPE_CHECKING:
@@ -338,24 +346,6 @@ def test_systemd_fd_store_keeps_the_connection_through_kill_9_of_everything(
         f"kill -9 of the whole service, fd store: {len(records)} reads, 0 failed,"
         f" longest read {pause:.2f} s (0.5 s of it the restart delay)"
     )
-
-
-class Holder:
-    """`fusevol hold` on `root`, as the chart's holder pod runs it."""
-
-    def __init__(self, root: Path) -> None:
-        self.log_path = root.parent / f"{root.name}-holder.log"
-        argv = [sys.executable, "-m", "fusevol", "hold", "--root", str(root)]
-        with open(self.log_path, "ab") as log:
-            self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
-        wait_for(lambda: "holding FUSE connections" in self.log_text())
-
-    def log_text(self) -> str:
-        return self.log_path.read_text() if self.log_path.exists() else ""
-
-    def stop(self) -> int:
-        self.process.terminate()
-        return self.process.wait(timeout=10)
 
 
 @pytest.mark.parametrize("holder_first", [True, False], ids=["holder-first", "agent-first"])
