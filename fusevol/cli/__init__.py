@@ -7,6 +7,8 @@
     fusevol wait [--root DIR] POD [--timeout 2m]
     fusevol mounts [--root DIR] POD --container NAME [--format ctr|oci|json]
     fusevol hold [--root DIR]
+    fusevol webhook --tls-cert FILE --tls-key FILE [--port 8443] ...
+    fusevol convert -f FILE [--token-request AUDIENCE[=SECONDS]]
 
 The source: `--manifests DIR` serves a directory of manifests; otherwise the Kubernetes API is the
 source when `--kubeconfig` is given or when running in a pod (in-cluster configuration);
@@ -22,7 +24,7 @@ Exit codes: 0 after a clean stop, 1 for a fusevol error (printed as one line), 2
 This package parses the command line and dispatches; each command is a module of its own:
 `run` (the agent's process, after `fusevol.agent.launcher` forked it), `status`, `teardown`, and
 `runtime` (`wait` and `mounts`, what a container runtime asks); `hold` is
-`fusevol.agent.holder`'s.
+`fusevol.agent.holder`'s; `webhook` (`webhook` and `convert`, `fusevol.webhook`'s).
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from fusevol.base.settings import (
     HttpSettings,
     KubeSettings,
 )
+from fusevol.cli import webhook as cli_webhook
 from fusevol.node import layout
 
 if TYPE_CHECKING:
@@ -337,6 +340,88 @@ def _parser() -> argparse.ArgumentParser:
         "agent pod). Runs until SIGTERM or SIGINT.",
     )
     _root_option(hold)
+
+    webhook = commands.add_parser(
+        "webhook",
+        help="the mutating admission webhook: pods' configMap, secret, downwardAPI and "
+        "projected volumes become fusevol.io CSI volumes",
+        description="Serve the admission webhook over HTTPS (POST /mutate, /healthz, /readyz) "
+        "until SIGTERM or SIGINT. It converts only while the CSIDriver fusevol.io exists.",
+    )
+    webhook.add_argument(
+        "--tls-cert",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="serving certificate (PEM), read again when it changes",
+    )
+    webhook.add_argument("--tls-key", type=Path, required=True, metavar="FILE", help="its key")
+    webhook.add_argument(
+        "--host",
+        default="0.0.0.0",
+        metavar="ADDRESS",
+        help="address to listen on (default: %(default)s)",
+    )
+    webhook.add_argument(
+        "--port",
+        type=int,
+        default=8443,
+        metavar="PORT",
+        help="port to listen on (default: %(default)s)",
+    )
+    webhook.add_argument(
+        "--kubeconfig",
+        type=Path,
+        metavar="PATH",
+        help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
+    )
+    webhook.add_argument(
+        "--exclude-namespace",
+        action="append",
+        default=[],
+        metavar="NS",
+        help="never convert pods of this namespace (repeatable; kube-system always)",
+    )
+    webhook.add_argument(
+        "--shutdown-delay",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="after SIGTERM, serve this long as not ready (default: %(default)s)",
+    )
+    webhook.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=LOG_LEVELS,
+        metavar="LEVEL",
+        default="info",
+        help="debug, info, warning or error (default: info)",
+    )
+
+    convert = commands.add_parser(
+        "convert",
+        help="print a manifest with its pods' volumes converted as the webhook would",
+        description="Print the manifest (YAML or JSON; Pods and workloads' pod templates) with "
+        "its configMap, secret, downwardAPI and projected volumes converted as the webhook "
+        "would, taking the CSIDriver fusevol.io to exist; a report per pod on stderr.",
+    )
+    convert.add_argument(
+        "-f",
+        "--filename",
+        dest="file",
+        required=True,
+        metavar="FILE",
+        help="the manifest, or - for standard input",
+    )
+    convert.add_argument(
+        "--token-request",
+        type=cli_webhook.token_request,
+        action="append",
+        default=[],
+        metavar="AUDIENCE[=SECONDS]",
+        help="one of the CSIDriver's tokenRequests (SECONDS: 3600; repeatable): "
+        "serviceAccountToken sources of that audience and lifetime convert",
+    )
     parser.bad_variables = list(_BAD_VARIABLES)
     return parser
 
@@ -380,6 +465,10 @@ def main(argv: list[str] | None = None) -> int:
 
             log.setup("info")
             return holder.hold(args.root.absolute())
+        if args.command == "webhook":
+            return cli_webhook.serve(args)
+        if args.command == "convert":
+            return cli_webhook.convert(args)
         if args.command in ("wait", "mounts"):
             from fusevol.cli import runtime
 

@@ -236,6 +236,9 @@ def _volume_source(
     return volume.source
 
 
+read_source = _volume_source  # public: fusevol.webhook reads its conversions back through it
+
+
 def _in_attribute(error: str) -> str:
     """The parser names the field from the pod spec down; the volume entry here is implied."""
     return error.replace("spec.volumes[0].", "", 1)

@@ -1,0 +1,117 @@
+"""One AdmissionReview (admission.k8s.io/v1) in, its answer out: every pod is allowed, converted
+or not.
+
+The answer to a review that names its request (`request.uid`) always allows the object: a CREATE
+of a core/v1 Pod outside the excluded namespaces gets the conversion's JSON Patch
+(`fusevol.webhook.convert`) and its warnings (each prefixed `fusevol.io:`, cut to the 256
+characters the API server keeps); anything else, and a pod the conversion cannot read, is
+allowed unchanged, with a warning saying why when it is the pod's fault. An internal error of the
+conversion is logged and answered the same way: the webhook never holds a pod up. A body that is
+no AdmissionReview (no uid to answer) is `BadReview`, which the server answers with 400; the API
+server then applies the webhook's `failurePolicy: Ignore`.
+
+Excludes: HTTP and TLS (`fusevol.webhook.server`), the CSIDriver (`fusevol.webhook.cluster`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from fusevol.base.errors import InvalidInput
+from fusevol.webhook.convert import Conversion, convert_pod
+
+if TYPE_CHECKING:
+    from fusevol.webhook.convert import Driver
+
+log = logging.getLogger(__name__)
+
+API_VERSION = "admission.k8s.io/v1"
+WARNING_PREFIX = "fusevol.io: "
+MAX_WARNING_CHARS = 256
+"""Warnings longer than this "may be truncated" by the API server (AdmissionResponse docs)."""
+_POD = {"group": "", "version": "v1", "kind": "Pod"}
+
+
+class BadReview(InvalidInput):
+    """A request body that is no AdmissionReview v1 with a request uid."""
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The response body, and for the log what was done."""
+
+    body: bytes
+    pod: str = ""
+    conversion: Conversion = field(default_factory=Conversion)
+
+
+def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) -> Answer:
+    """Answer the AdmissionReview in `body` (module docstring); BadReview if it is none."""
+    request = _request(body)
+    uid = request["uid"]
+    pod, conversion = "", Conversion()
+    if (
+        request.get("kind") == _POD
+        and request.get("operation") == "CREATE"
+        and not request.get("subResource")
+    ):
+        namespace = request.get("namespace")
+        obj = request.get("object")
+        if not isinstance(namespace, str) or not namespace:
+            metadata = obj.get("metadata") if isinstance(obj, dict) else None
+            namespace = metadata.get("namespace") if isinstance(metadata, dict) else None
+            namespace = namespace if isinstance(namespace, str) and namespace else "default"
+        pod = f"{namespace}/{_name(obj)}"
+        if namespace not in excluded_namespaces:
+            conversion = _convert(obj, namespace, driver, pod)
+    response: dict[str, Any] = {"uid": uid, "allowed": True}
+    if conversion.patch:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(json.dumps(conversion.patch).encode()).decode()
+    if conversion.warnings:
+        response["warnings"] = [_warning(text) for text in conversion.warnings]
+    answer = {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
+    return Answer(json.dumps(answer).encode(), pod, conversion)
+
+
+def _request(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise BadReview(f"the body is not JSON: {exc}") from None
+    request = value.get("request") if isinstance(value, dict) else None
+    if not isinstance(value, dict) or value.get("apiVersion") != API_VERSION:
+        raise BadReview(f"the body is not an AdmissionReview {API_VERSION}")
+    if not isinstance(request, dict) or not isinstance(request.get("uid"), str):
+        raise BadReview("the AdmissionReview has no request.uid")
+    return request
+
+
+def _no_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _convert(obj: Any, namespace: str, driver: Driver, pod: str) -> Conversion:
+    try:
+        return convert_pod(obj, namespace=namespace, driver=driver)
+    except Exception:  # a bug of ours must not hold up a pod: admitted as it is
+        log.exception("conversion failed, pod admitted unchanged pod=%s", pod)
+        return Conversion(warnings=("internal error of the webhook: admitted unchanged",))
+
+
+def _name(obj: Any) -> str:
+    metadata = obj.get("metadata") if isinstance(obj, dict) else None
+    if not isinstance(metadata, dict):
+        return ""
+    name = metadata.get("name") or ""
+    generate = metadata.get("generateName") or ""
+    return str(name or (f"{generate}<generated>" if generate else ""))
+
+
+def _warning(text: str) -> str:
+    text = f"{WARNING_PREFIX}{text}"
+    return text if len(text) <= MAX_WARNING_CHARS else text[: MAX_WARNING_CHARS - 3] + "..."
