@@ -36,7 +36,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
-import os
 import signal
 from typing import TYPE_CHECKING, Any
 
@@ -357,8 +356,8 @@ class Agent:
             hear = functools.partial(
                 hear_successors,
                 layout.handover_socket(root),
+                connection=self,
                 on_request=self._successor_asks,
-                holding=self._descriptors,
             )
             await nursery.start(hear)
             if not self._holder_has_it:  # a holder that started meanwhile asked nobody
@@ -383,7 +382,7 @@ class Agent:
             return
         if self._successor is not None:  # a rollout: the next agent is waiting for it
             self._let_go(lock, retire=True)
-            await give_connection(self._successor, self._hand_over)
+            await give_connection(self._successor, self)
             self.lifecycle.enter(Phase.STOPPED, "the next agent took the connection over")
             return
         outcome = False
@@ -391,7 +390,7 @@ class Agent:
             outcome = await be_lame_duck(
                 self.settings.root,
                 let_go=lambda: self._let_go(lock),
-                hand_over=self._hand_over if self._connection else None,
+                connection=self if self._connection else None,
             )
         if self.lifecycle.phase is Phase.HANDING_OVER:
             why = "ended before it could let go"
@@ -427,17 +426,12 @@ class Agent:
         self._successor = connection
         self.stop(handover=True, why="the next agent asks for the FUSE connection")
 
-    async def _hand_over(self) -> list[int]:
-        """Stop answering FUSE (what we read but did not answer, the successor gets again) and
-        return our connection's descriptors for the successor (fusevol.agent.handover)."""
-        assert self._connection is not None
-        assert self._journal is not None
+    async def stop_reading(self) -> None:
+        """Stop answering FUSE, for a successor that took our descriptors: what we read but did
+        not answer, it gets again (fusevol.agent.handover.Transferable)."""
         self.lifecycle.enter(Phase.TRANSFERRING, "the next agent takes the FUSE connection over")
-        fuse_fd = os.dup(self._connection.fd)  # pyfuse3 closes its own as it stops
         self._fuse_scope.cancel()
         await self.lifecycle.wait_fuse_stopped()
-        log.info("handing the FUSE connection over to the next agent")
-        return [fuse_fd, self._journal.fd]
 
     def stop(self, *, handover: bool, why: str) -> None:
         """Begin a stop: `handover` leaves the pod volumes mounted (and, if launched, keeps
@@ -489,8 +483,9 @@ class Agent:
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
         self._offer_to_holder()
 
-    def _descriptors(self) -> list[int]:
-        """Our FUSE connection and state memfd, for whoever keeps them for a successor."""
+    def descriptors(self) -> list[int]:
+        """Our FUSE connection and state memfd, for whoever keeps them for a successor
+        (fusevol.agent.handover.Transferable)."""
         assert self._connection is not None
         assert self._journal is not None
         return [self._connection.fd, self._journal.fd]
@@ -498,7 +493,7 @@ class Agent:
     def _offer_to_holder(self) -> None:
         """Give `fusevol hold`, if it runs on our root, duplicates of our connection: a deleted
         agent pod then costs readers a pause, not a dead volume (fusevol.agent.holder)."""
-        self._holder_has_it = offer(self.settings.root, self._descriptors())
+        self._holder_has_it = offer(self.settings.root, self.descriptors())
         if self._holder_has_it:
             log.info("FUSE connection held by fusevol hold: the agent's pod may go")
 

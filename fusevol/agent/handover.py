@@ -21,19 +21,22 @@ loses the connection without `STACKED` (its successor crashed) waits for the nex
 
 Taking over (a lame duck whose connection can be taken over, `fusevol.fuse.snapshot`): its FUSE
 mountpoint stays attached, and the successor's launcher (`fusevol.agent.launcher.take_over_from`)
-sends `TAKE_OVER` instead; the lame duck stops reading `/dev/fuse` (the requests it read but did
-not answer are sent again to the successor: FUSE_NOTIFY_RESEND), answers with its `/dev/fuse`
-and state descriptors (SCM_RIGHTS), and exits. Readers wait meanwhile; none fails, whatever
+sends `TAKE_OVER` instead. The transfer has two phases, so that a successor dying halfway costs
+nothing: the lame duck answers with `OFFER` and duplicates of its `/dev/fuse` and state
+descriptors (SCM_RIGHTS) while it still serves; once the successor says `TAKEN`, it stops reading
+`/dev/fuse` (the requests it read but did not answer are sent again to the successor:
+FUSE_NOTIFY_RESEND), says `GO`, and exits. A successor that leaves before `TAKEN` changes nothing:
+the lame duck serves on and waits for the next. Readers wait meanwhile; none fails, whatever
 their mount propagation, and no bind is stacked.
 
 A rollout (two generations overlapping, as a DaemonSet's `maxSurge` starts them): the successor
 starts while its predecessor still serves. A serving agent that can be taken over listens on the
-same socket (`hear_successors`); a successor started with `--replace` sends `ROLL_OVER`, which
-makes it stop as on SIGTERM (a plain `TAKE_OVER`, a second agent started by mistake, is ignored:
-that one is refused by the lock, as before), but it
-answers that very request (`give_connection`) instead of waiting for one, and its launcher then
+same socket (`hear_successors`); a successor started with `--replace` sends `ROLL_OVER`. The
+serving agent offers its descriptors as above, and once they are `TAKEN` stops as on SIGTERM,
+then lets go (`give_connection`: `GO`) instead of waiting for a successor; its launcher then
 *retires*: it stays, doing nothing, until it is stopped (the old pod deleted), so that nothing
-restarts an agent in the old generation.
+restarts an agent in the old generation. A plain `TAKE_OVER` to a serving agent (a second agent
+started by mistake) is ignored: that one is refused by the lock, as before.
 """
 
 from __future__ import annotations
@@ -44,18 +47,18 @@ import errno
 import logging
 import os
 import socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
 from fusevol.agent.holder import HOLD, HOLDER
-from fusevol.agent.launcher import ROLL_OVER, TAKE_OVER
+from fusevol.agent.launcher import GO, OFFER, ROLL_OVER, TAKE_OVER, TAKEN
 from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
 from fusevol.volumemanager.cache.actual import MountState
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+    from collections.abc import AsyncIterator, Callable, Iterable
     from pathlib import Path
 
     from fusevol.model import UniqueVolumeName
@@ -69,133 +72,176 @@ LAME_DUCK_S = 60.0
 LINGER_S = 1.0
 """How long a released lame duck still answers: a reader that resolved a path on an old bind just
 before the new one was stacked on it still reaches us (seen under load: 1 failed read in 71)."""
+TAKEN_TIMEOUT_S = 10.0
+"""How long an agent that offered its connection waits for the successor to say it took it."""
 RELEASE_WAIT_S = 30.0
 """How long a new agent waits for its reconstructed volumes before it releases a lame duck."""
+
+
+class Transferable(Protocol):
+    """The FUSE connection an agent can hand to a successor (`fusevol.agent.app`)."""
+
+    def descriptors(self) -> list[int]:
+        """The /dev/fuse descriptor and the state memfd, still ours (duplicates are sent)."""
+        ...
+
+    async def stop_reading(self) -> None:
+        """Stop reading /dev/fuse: what was read but not answered, the successor gets again."""
+        ...
 
 
 async def be_lame_duck(
     root: Path,
     *,
     let_go: Callable[[], None],
-    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+    connection: Transferable | None = None,
 ) -> bool:
     """A launched agent's handing-over stop, once it has stopped reconciling: keep answering
     FUSE (the caller's server goes on) for the pod binds until the next agent has taken our
-    connection over, or stacked its own binds. Returns True if a successor did, False after
+    `connection` over, or stacked its own binds. Returns True if a successor did, False after
     LAME_DUCK_S without one.
 
-    (1) listen on the hand-over socket; (2) unless we can be taken over (`hand_over`: stops our
-    FUSE server and returns the descriptors for the successor), detach our FUSE mountpoint lazily
-    (no abort: the pod binds keep the connection), so the successor mounts afresh at the same
-    place; (3) `let_go()`: the caller releases the agent lock and its launcher, which exits; (4)
-    wait, and after a stacking successor answer LINGER_S more for the readers already on their
-    way to an old bind."""
-    taken_over: list[bool] = []
-
-    async def give() -> list[int]:
-        assert hand_over is not None
-        taken_over.append(True)
-        return await hand_over()
-
+    (1) listen on the hand-over socket; (2) unless we can be taken over (`connection`), detach
+    our FUSE mountpoint lazily (no abort: the pod binds keep the connection), so the successor
+    mounts afresh at the same place; (3) `let_go()`: the caller releases the agent lock and its
+    launcher, which exits; (4) wait, and after a stacking successor answer LINGER_S more for the
+    readers already on their way to an old bind."""
     async with trio.open_nursery() as nursery:
-        outcome: list[bool] = []
+        outcome: list[str] = []
 
         async def listen(*, task_status: trio.TaskStatus[None]) -> None:
             path = layout.handover_socket(root)
             outcome.append(
-                await serve_as_lame_duck(
-                    path, hand_over=give if hand_over else None, task_status=task_status
-                )
+                await serve_as_lame_duck(path, connection=connection, task_status=task_status)
             )
 
         await nursery.start(listen)  # (1)
-        if hand_over is None:
+        if connection is None:
             mountpoint = layout.fuse_mountpoint(root)
             await trio.run_process(["umount", "--lazy", str(mountpoint)], check=False)  # (2)
         let_go()  # (3)
         log.info(
             "lame duck: serving pod volumes until the next agent %s",
-            "takes the connection over" if hand_over else "has stacked its binds",
+            "takes the connection over" if connection else "has stacked its binds",
         )
-    stacked = outcome == [True]  # (4)
-    if stacked and not taken_over:
+    [how] = outcome  # (4)
+    if how == STACKED_ITS_BINDS:
         await trio.sleep(LINGER_S)
-    log.info(
-        "lame duck done: %s",
-        "the next agent took the connection over"
-        if taken_over
-        else "the next agent has stacked its binds"
-        if stacked
-        else "no successor",
-    )
-    return stacked
+    log.info("lame duck done: %s", how)
+    return how != NO_SUCCESSOR
+
+
+TOOK_OVER = "the next agent took the connection over"
+STACKED_ITS_BINDS = "the next agent has stacked its binds"
+NO_SUCCESSOR = "no successor"
 
 
 async def serve_as_lame_duck(
     path: Path,
     *,
     timeout_s: float = LAME_DUCK_S,
-    hand_over: Callable[[], Awaitable[list[int]]] | None = None,
+    connection: Transferable | None = None,
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
-) -> bool:
-    """Listen at `path` until a successor sends `STACKED` or takes the connection over (True), or
-    `timeout_s` passes (False).
+) -> str:
+    """Listen at `path` until a successor sends `STACKED` or takes our `connection` over, or
+    `timeout_s` passes; returns which (`STACKED_ITS_BINDS`, `TOOK_OVER`, `NO_SUCCESSOR`).
 
-    `hand_over()` stops our FUSE server and returns the descriptors to send a successor that asks
-    to take over (None: we cannot be taken over, and such a request is refused by closing).
+    Without `connection` we cannot be taken over, and such a request is refused by closing.
     Reports started once listening: the caller releases the agent lock only then, so a successor
-    that holds the lock always finds the socket. The caller's FUSE server answers meanwhile."""
+    that holds the lock always finds the socket. The caller's FUSE server answers meanwhile, and
+    goes on if a successor leaves halfway."""
     async with _listening(path) as listener:
         task_status.started()
         with trio.move_on_after(timeout_s):
             while True:
-                connection, _ = await listener.accept()
-                with connection:
-                    received = b""
-                    while chunk := await connection.recv(64):
-                        received += chunk
-                        if received in (TAKE_OVER, ROLL_OVER) and hand_over is not None:
-                            await _send_connection(connection, hand_over)
-                            return True
+                successor, _ = await listener.accept()
+                with successor:
+                    received = await _request(successor)
+                    if received in (TAKE_OVER, ROLL_OVER) and connection is not None:
+                        if await offer_connection(successor, connection):
+                            await give_connection(successor, connection)
+                            return TOOK_OVER
+                        continue
                 if received.startswith(STACKED):
-                    return True
+                    return STACKED_ITS_BINDS
                 log.info("the successor left without stacking its binds: waiting for the next")
-        return False
+        return NO_SUCCESSOR
 
 
 async def hear_successors(
     path: Path,
     *,
+    connection: Transferable,
     on_request: Callable[[trio.socket.SocketType], None],
-    holding: Callable[[], list[int]],
     task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """A serving agent's side of a rollout: listen at `path` until a successor asks for our FUSE
-    connection (`ROLL_OVER`), then give `on_request` that connection, still open, and return.
-    The caller stops as on SIGTERM and answers on it (`give_connection`). A holder that starts
-    (`HOLDER`, `fusevol.agent.holder`) gets duplicates of `holding()`, our descriptors, and we
-    go on. Anything else a connection sends is ignored: a probe, a successor of a version that
-    only stacks binds."""
+    `connection` (`ROLL_OVER`) and takes the duplicates we offer; then give `on_request` the
+    socket to that successor, still open, and return. The caller stops as on SIGTERM and lets go
+    on it (`give_connection`). A successor that leaves before it took them changes nothing. A
+    holder that starts (`HOLDER`, `fusevol.agent.holder`) gets duplicates, and we go on.
+    Anything else is ignored: a probe, a second agent started without `--replace`."""
     async with _listening(path) as listener:
         task_status.started()
         while True:
-            connection, _ = await listener.accept()
-            received = b""
-            with trio.move_on_after(5.0):
-                while b"\n" not in received and (chunk := await connection.recv(64)):
-                    received += chunk
+            successor, _ = await listener.accept()
+            received = await _request(successor)
             if received == ROLL_OVER:
                 log.info("the next agent asks for the FUSE connection")
-                on_request(connection)
-                return
-            with connection:
+                if await offer_connection(successor, connection):
+                    on_request(successor)
+                    return
+            with successor:
                 if received == HOLDER:
-                    rights = array.array("i", holding()).tobytes()
                     with contextlib.suppress(OSError):
-                        await connection.sendmsg(
-                            [HOLD], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)]
-                        )
+                        await _send_fds(successor, HOLD, connection.descriptors())
                         log.info("gave the holder a duplicate of the FUSE connection")
+
+
+async def _request(sock: trio.socket.SocketType) -> bytes:
+    """One line from a peer of the hand-over socket (within 5 s), or what came before it ended."""
+    received = b""
+    with trio.move_on_after(5.0):
+        while b"\n" not in received and (chunk := await sock.recv(64)):
+            received += chunk
+    return received
+
+
+async def offer_connection(successor: trio.socket.SocketType, connection: Transferable) -> bool:
+    """The first phase of a transfer (`fusevol.agent.launcher.OFFER`): send duplicates of our
+    descriptors while we still serve, and wait for the successor's `TAKEN`. False, in one log
+    line saying why, if it leaves, says something else or nothing: we serve on."""
+    why = "it said nothing"
+    try:
+        await _send_fds(successor, OFFER, connection.descriptors())
+        with trio.move_on_after(TAKEN_TIMEOUT_S):
+            answer = await successor.recv(64)
+            if answer == TAKEN:
+                return True
+            why = f"it answered {len(answer)} bytes" if answer else "it left"
+    except OSError as exc:
+        why = f"{exc.strerror or exc}"
+    log.warning("the next agent did not take the FUSE connection (%s): serving on", why)
+    return False
+
+
+async def give_connection(successor: trio.socket.SocketType, connection: Transferable) -> None:
+    """The second phase: stop reading /dev/fuse and say `GO` to the successor that took our
+    descriptors (`offer_connection`). If it died meanwhile, the connection lives on in its
+    launcher's hands or the holder's (`fusevol.agent.holder`): nothing to undo."""
+    with successor:
+        await connection.stop_reading()
+        log.info("handing the FUSE connection over to the next agent")
+        try:
+            await successor.send(GO)
+        except OSError as exc:
+            log.warning("the next agent left after it took the FUSE connection: %s", exc)
+            return
+
+
+async def _send_fds(sock: trio.socket.SocketType, message: bytes, fds: list[int]) -> None:
+    rights = array.array("i", fds).tobytes()
+    await sock.sendmsg([message], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
 
 
 @contextlib.asynccontextmanager
@@ -213,23 +259,6 @@ async def _listening(path: Path) -> AsyncIterator[trio.socket.SocketType]:
     finally:
         listener.close()
         unlink_if_same(path, own)
-
-
-async def give_connection(
-    connection: trio.socket.SocketType, hand_over: Callable[[], Awaitable[list[int]]]
-) -> None:
-    """Answer a successor's `ROLL_OVER` (`hear_successors`) with our connection's descriptors."""
-    with connection:
-        await _send_connection(connection, hand_over)
-    log.info("lame duck done: the next agent took the connection over")
-
-
-async def _send_connection(
-    connection: trio.socket.SocketType, hand_over: Callable[[], Awaitable[list[int]]]
-) -> None:
-    """Stop serving (`hand_over`) and send its descriptors to the successor (SCM_RIGHTS)."""
-    rights = array.array("i", await hand_over()).tobytes()
-    await connection.sendmsg([TAKE_OVER], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, rights)])
 
 
 class Predecessor:

@@ -66,10 +66,22 @@ RETIRED = b"R"
 stays, doing nothing, until it is stopped."""
 TAKE_OVER = b"take-over\n"
 """What the next launcher sends a lame duck to take its connection over
-(`fusevol.agent.handover`), and what the lame duck answers with the descriptors."""
+(`fusevol.agent.handover`); also the answer, with the descriptors, of `fusevol hold` and of an
+agent of a version that stops before it sends them."""
 ROLL_OVER = b"roll-over\n"
 """What `fusevol run --replace` sends instead: a serving agent hands over only on this (a
 rollout), a lame duck on either."""
+OFFER = b"offer\n"
+TAKEN = b"taken\n"
+GO = b"go\n"
+"""The transfer, in two phases, so that a successor that dies halfway costs nothing: the agent
+answers the request with `OFFER` and duplicates of its descriptors while it still serves; the
+successor, holding them, says `TAKEN`; only then does the agent stop reading `/dev/fuse`, and
+says `GO`. An agent that gets no `TAKEN` serves on. (A successor of an older version, which
+knows no `OFFER`, takes nothing: it closes what it got.)"""
+GO_TIMEOUT_S = 60.0
+"""How long a successor waits for `GO` after `TAKEN`: the serving agent's whole stop (the
+reconciler's operations in flight) comes first."""
 CONNECTION = b"C"
 RESTARTS = 5
 _PR_SET_PDEATHSIG = 1
@@ -160,26 +172,11 @@ def launch(
     A fork, not a new interpreter: a crash-restart waits for the agent's start-up, and the
     launcher has parsed the arguments and imported the agent, but started nothing of it."""
     held = _Held()
-    request = ROLL_OVER if replace else TAKE_OVER
-    if (
-        handover_socket is not None
-        and (fds := take_over_from(handover_socket, request)) is not None
-    ):
-        held.replace(list(fds))
-        _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
-    else:
-        held.replace(_listen_fds())
-    if (
-        held.fds is None
-        and holder_socket is not None
-        and (fds := take_over_from(holder_socket, timeout_s=5.0)) is not None
-    ):
-        held.replace(list(fds))
-        print(
-            "fusevol: taking over the FUSE connection that fusevol hold kept",
-            file=sys.stderr,
-            flush=True,
-        )
+    try:
+        _find_connection(held, handover_socket, holder_socket, replace=replace)
+    except HandOverStuck as exc:
+        _say(str(exc))
+        return 1
     held.fresh = False  # until our first child has taken it over
     stopping = False
     failed_restarts = 0
@@ -222,13 +219,35 @@ def launch(
         )
 
 
+class HandOverStuck(Exception):
+    """The agent we asked took `TAKEN` but never said `GO`, nor ended: it may still read
+    `/dev/fuse`, so nothing else (systemd's store, the holder) may be taken over either."""
+
+
+def _find_connection(
+    held: _Held, handover_socket: Path | None, holder_socket: Path | None, *, replace: bool
+) -> None:
+    """The connection to take over, in `held`, if anybody keeps one (`launch`)."""
+    request = ROLL_OVER if replace else TAKE_OVER
+    if handover_socket is not None and (fds := take_over_from(handover_socket, request)):
+        held.replace(list(fds))
+        _close_all(_listen_fds())  # the same connection: the lame duck's is the one to take
+        return
+    held.replace(_listen_fds())
+    if held.fds is not None or holder_socket is None:
+        return
+    if fds := take_over_from(holder_socket, timeout_s=5.0):
+        held.replace(list(fds))
+        _say("taking over the FUSE connection that fusevol hold kept")
+
+
 def take_over_from(
     path: Path, request: bytes = TAKE_OVER, *, timeout_s: float = 20.0
 ) -> tuple[int, int] | None:
-    """Ask the lame duck at `path` (`fusevol.agent.handover`) for its FUSE connection: (fuse fd,
-    state fd), or None if there is no lame duck or it cannot be taken over (a lame duck of a version
-    without takeover does not answer: `timeout_s` later the next agent stacks its binds, the old
-    way)."""
+    """Ask the agent, lame duck or holder at `path` for its FUSE connection: (fuse fd, state fd),
+    or None if there is nobody there or nothing to take (said in one line on stderr when the
+    peer answered something else). A lame duck of a version without takeover does not answer:
+    `timeout_s` later the next agent stacks its binds, the old way."""
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout_s)
         try:
@@ -237,11 +256,39 @@ def take_over_from(
             message, fds, _, _ = socket.recv_fds(sock, 64, 2)
         except OSError:
             return None
-    if message != TAKE_OVER or len(fds) != 2:
-        for fd in fds:
-            os.close(fd)
-        return None
-    return fds[0], fds[1]
+        if len(fds) == 2 and message == TAKE_OVER:  # one phase: the peer does not read it
+            return fds[0], fds[1]
+        if len(fds) == 2 and message == OFFER:
+            return _take_offered(sock, path, (fds[0], fds[1]))
+    _close_all(fds)
+    if message:
+        _say(f"{path} answered {len(message)} bytes that are no FUSE connection: starting without")
+    return None
+
+
+def _take_offered(sock: socket.socket, path: Path, fds: tuple[int, int]) -> tuple[int, int]:
+    """Say `TAKEN` for the descriptors offered, and wait for `GO`: the agent stopped reading
+    `/dev/fuse`. One that ends instead (its connection closed without `GO`) cannot read it any
+    more either: the connection is ours, and the line on stderr says why."""
+    try:
+        sock.sendall(TAKEN)
+        sock.settimeout(GO_TIMEOUT_S)
+        answer = sock.recv(64)
+    except TimeoutError:
+        _close_all(list(fds))
+        raise HandOverStuck(
+            f"the agent at {path} offered its FUSE connection but did not let go of it within"
+            f" {GO_TIMEOUT_S:.0f} s"
+        ) from None
+    except OSError:
+        answer = b""
+    if answer != GO:
+        _say(f"the agent at {path} ended before it let go of the FUSE connection: taking it over")
+    return fds
+
+
+def _say(line: str) -> None:
+    print(f"fusevol: {line}", file=sys.stderr, flush=True)
 
 
 def _listen_fds() -> list[int]:

@@ -22,8 +22,9 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE
+from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, OFFER, ROLL_OVER
 from fusevol.fuse.session import can_take_over
+from fusevol.node import layout
 from tests.agent import (
     NODE,
     AgentProcess,
@@ -363,8 +364,8 @@ def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
         with running_agent(manifests, root) as agent:
             agent.wait_state(POD_UID, "config", "mounted")
             if holder is None:
-                holder = Holder(root)
-                assert "holding the serving agent's" in holder.log_text()
+                holder = started = Holder(root)
+                wait_for(lambda: "holding the serving agent's" in started.log_text())
             else:
                 wait_for(lambda: "held by fusevol hold" in agent.log_text())
             holder_log = holder.log_text
@@ -402,3 +403,54 @@ def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
         f"kill -9 of the agent's pod, holder: 0 failed reads of {len(records)},"
         f" longest {pause:.2f} s"
     )
+
+
+def test_a_successor_dying_mid_transfer_costs_the_serving_agent_nothing(
+    manifests: Path, tmp_path: Path
+) -> None:
+    """A successor that asks the serving agent for its connection (`ROLL_OVER`), gets the
+    offered descriptors and dies before it says it took them, or that says something else, or
+    that says nothing: the agent serves on (one log line says why), reads never fail, edits keep
+    coming, and the next successor takes the connection over as usual."""
+    root = tmp_path / "root"
+    expected = r"the next agent did not take the FUSE connection \((it left|it answered \d+ bytes)"
+    with running_agent(manifests, root, expect_log=(expected,)) as agent:
+        agent.wait_state(POD_UID, "config", "mounted")
+        wait_for(lambda: "held by the launcher" in agent.log_text())
+        reader = Reader(agent.volume(POD_UID, "configmap", "config"), tmp_path / "reads")
+        try:
+            path = str(layout.handover_socket(root))
+            for n, answer in enumerate((None, b"nonsense\n"), start=1):
+                with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as peer:
+                    peer.settimeout(10)
+                    peer.connect(path)
+                    peer.sendall(ROLL_OVER)
+                    message, fds, _, _ = socket.recv_fds(peer, 64, 2)
+                    assert (message, len(fds)) == (OFFER, 2)
+                    for fd in fds:
+                        os.close(fd)
+                    if answer is not None:
+                        peer.sendall(answer)
+                wait_for(lambda: agent.log_text().count("serving on") == n, timeout_s=10)  # noqa: B023
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as prober:
+                prober.connect(path)
+                prober.sendall(b"GET / HTTP/1.1\r\n")  # ignored
+            (manifests / "configmap.yaml").write_text(configmap(a="still-serving"))
+            wait_for(lambda: reader.records()[-1][3:4] == ["still-serving"], timeout_s=10)
+            assert agent.agent_alive()
+            assert "-> handing-over" not in agent.log_text()
+
+            successor = AgentProcess(manifests=manifests, root=root, extra_args=("--replace",))
+            successor.start()
+            agent.wait_agent_gone(10)
+            (manifests / "configmap.yaml").write_text(configmap(a="next"))
+            wait_for(lambda: reader.records()[-1][3:4] == ["next"], timeout_s=10)
+        finally:
+            records = reader.stop()
+        assert agent.process is not None
+        agent.process.send_signal(signal.SIGTERM)  # the retired launcher: the old pod deleted
+        assert agent.process.wait(timeout=10) == 0
+        successor.stop()
+    failed = [r for r in records if r[2] != "ok"]
+    assert failed == [], failed[:5]
+    assert agent.log_text().count("serving on") == 2
