@@ -1,51 +1,64 @@
 """KubeClient: the only module that imports `kubernetes`; plain JSON dicts in and out.
 
-Owns the client configuration (an explicit kubeconfig, else in-cluster when running in a pod,
-else the standard kubeconfig resolution: `$KUBECONFIG`, `~/.kube/config`) and the calls fusevol
-makes: list, watch, get, TokenRequest, Events, and the create/delete of the PersistentVolumes the
-node provisions. Every call blocks, so callers run them in worker
-threads (`trio.to_thread`); results are raw JSON (`_preload_content=False`), so that the one
-converter of `fusevol.decode.manifest` reads API objects and manifests alike, and no time goes into
-building client model objects that would be thrown away.
+Owns the client configuration, read by the `kubernetes` package (an explicit kubeconfig, else
+in-cluster when running in a pod, else the standard kubeconfig resolution: `$KUBECONFIG`,
+`~/.kube/config`; exec credential plugins and the in-cluster token's rotation through its
+refresh hook; the TLS material), and the calls fusevol makes: list, watch, get, TokenRequest,
+Events, the create/delete of the PersistentVolumes the node provisions, and `post` of any object
+(a review). The calls themselves go over HTTP/2 (`http2`): awaited on the trio thread, every one
+a stream of the same connection, so a thousand watches cost one connection and no thread.
+Results are raw JSON, so that the one converter of `fusevol.decode.manifest` reads API objects
+and manifests alike.
+
+Authentication is a seam: `KubeClient` authenticates with the configuration's bearer token (or
+client certificate, in its TLS context); `with_token(token)` is a client for the same connections
+that sends another bearer token (a pod's service account's); a client certificate is a TLS
+identity, so another one needs its own `KubeClient` (its own connections).
 
 Failures are turned into two exceptions: `ApiError` (the server answered with a Status: 404, 410,
-403, ...) and `ApiUnavailable` (no answer: refused, reset, timed out, cut mid-stream). The client's
-own retries are off; the reflector backs off itself.
+403, ...) and `ApiUnavailable` (no answer: refused, reset, timed out, cut mid-stream). Nothing is
+retried here; the reflector backs off itself.
 
-Excludes: what is listed or watched and why (`reflector`, `source`), token and event policy.
+Excludes: what is listed or watched and why (`reflector`, `source`), token and event policy,
+HTTP/2 itself (`http2`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import http.client
 import json
+import math
 import os
-import threading
+import ssl
+import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import kubernetes
-import urllib3
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
+import trio
 
+import fusevol
 from fusevol.base.errors import FusevolError
+from fusevol.kube.http2 import ConnectionLost, Pool
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
     from pathlib import Path
+
+    from fusevol.kube.http2 import Header, Response
 
 Obj = dict[str, Any]
 
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
-"""For lists, gets and posts; a watch waits longer (see `open_watch`)."""
-WATCH_SILENCE_S = 150.0
-"""A watch silent this long is given up and resumed from its resourceVersion: the API server's
-watch cache sends a bookmark about every minute (cacher.go `bookmarkFrequency`), so this much
-silence is a connection that died without a word (no HTTP/2 health check here, unlike client-go)."""
+"""For lists, gets and posts, and for a watch to start (its response headers); an open watch
+lasts until the server ends it, and a dead connection is found by its PINGs (`http2`)."""
+REQUESTS_IN_FLIGHT = 64
+"""Requests sent and not yet answered (a watch: until its headers), at most: thousands of
+watches opened at once are a queue, not a burst that the server's priority and fairness would
+answer with 429s, and they stay within one connection's streams."""
+CREDENTIALS_S = 10.0
+"""How long an authorization header is used before the configuration is asked again (its
+refresh hook rereads the in-cluster token, or runs an exec plugin once the token expired)."""
 _IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 
@@ -66,38 +79,29 @@ class ApiUnavailable(FusevolError):
 class Resource:
     kind: Kind
     namespaced: bool
-    list_name: str
-    """The API class's list method (`list_namespaced_config_map`, ...)."""
-    read_name: str
+    plural: str
     group: str = ""
-    """"" for core/v1 (CoreV1Api), `storage.k8s.io` (StorageV1Api)."""
-    list_all_name: str = ""
-    """The list method across namespaces, for a namespaced kind listed without a namespace."""
+    """"" for core/v1, `storage.k8s.io` for storage.k8s.io/v1."""
 
     @property
     def api_version(self) -> str:
         return f"{self.group}/v1" if self.group else "v1"
 
+    def path(self, namespace: str | None, name: str = "") -> str:
+        base = f"/apis/{self.group}/v1" if self.group else "/api/v1"
+        scope = f"/namespaces/{_quote(namespace)}" if self.namespaced and namespace else ""
+        return f"{base}{scope}/{self.plural}" + (f"/{_quote(name)}" if name else "")
+
 
 RESOURCES = {
-    Kind.POD: Resource(Kind.POD, True, "list_pod_for_all_namespaces", "read_namespaced_pod"),
-    Kind.CONFIG_MAP: Resource(
-        Kind.CONFIG_MAP, True, "list_namespaced_config_map", "read_namespaced_config_map"
-    ),
-    Kind.SECRET: Resource(Kind.SECRET, True, "list_namespaced_secret", "read_namespaced_secret"),
+    Kind.POD: Resource(Kind.POD, True, "pods"),
+    Kind.CONFIG_MAP: Resource(Kind.CONFIG_MAP, True, "configmaps"),
+    Kind.SECRET: Resource(Kind.SECRET, True, "secrets"),
     Kind.PERSISTENT_VOLUME_CLAIM: Resource(
-        Kind.PERSISTENT_VOLUME_CLAIM,
-        True,
-        "list_namespaced_persistent_volume_claim",
-        "read_namespaced_persistent_volume_claim",
-        list_all_name="list_persistent_volume_claim_for_all_namespaces",
+        Kind.PERSISTENT_VOLUME_CLAIM, True, "persistentvolumeclaims"
     ),
-    Kind.PERSISTENT_VOLUME: Resource(
-        Kind.PERSISTENT_VOLUME, False, "list_persistent_volume", "read_persistent_volume"
-    ),
-    Kind.STORAGE_CLASS: Resource(
-        Kind.STORAGE_CLASS, False, "list_storage_class", "read_storage_class", "storage.k8s.io"
-    ),
+    Kind.PERSISTENT_VOLUME: Resource(Kind.PERSISTENT_VOLUME, False, "persistentvolumes"),
+    Kind.STORAGE_CLASS: Resource(Kind.STORAGE_CLASS, False, "storageclasses", "storage.k8s.io"),
 }
 
 
@@ -107,36 +111,50 @@ def in_cluster() -> bool:
 
 
 class KubeClient:
-    """Blocking calls to the API server; safe to use from several threads at once."""
+    """Calls to the API server, awaited on the trio thread; see the module docstring."""
 
     def __init__(self, *, kubeconfig: Path | None) -> None:
-        config = kubernetes.client.Configuration()
-        try:
-            if kubeconfig is not None:
-                kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                    config_file=str(kubeconfig), client_configuration=config
-                )
-            elif in_cluster():
-                kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-            else:
-                kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
-        except (kubernetes.config.ConfigException, OSError) as exc:
-            where = kubeconfig or ("in-cluster" if in_cluster() else "kubeconfig")
-            raise FusevolError(f"Kubernetes client configuration ({where}): {exc}") from None
-        config.retries = False  # the reflector backs off; a hidden retry would only delay it
-        # One connection per watched object; urllib3 logs a warning for every connection it
-        # discards beyond the pool's size, so the pool holds them all.
-        config.connection_pool_maxsize = 1024
+        config = _load_configuration(kubeconfig)
         self.host: str = config.host
-        api_client = kubernetes.client.ApiClient(config)
-        self._apis: dict[str, Any] = {
-            "": kubernetes.client.CoreV1Api(api_client),
-            "storage.k8s.io": kubernetes.client.StorageV1Api(api_client),
-        }
+        url = urllib.parse.urlsplit(config.host)
+        if url.scheme not in ("https", "http") or not url.hostname:
+            raise FusevolError(f"Kubernetes client configuration: bad server {config.host!r}")
+        tls = url.scheme == "https"
+        self._prefix = url.path.rstrip("/")
+        self._authority = url.netloc.rpartition("@")[2].encode()
+        self._scheme = url.scheme.encode()
+        self._pool = Pool(
+            host=url.hostname,
+            port=url.port or (443 if tls else 80),
+            ssl_context=_ssl_context(config) if tls else None,
+            server_hostname=getattr(config, "tls_server_name", None) or None,
+            connect_timeout_s=CONNECT_TIMEOUT_S,
+        )
+        self._credentials: _Credentials = _ConfiguredCredentials(config)
+        self._in_flight = trio.Semaphore(REQUESTS_IN_FLIGHT)
+
+    def with_token(self, token: str) -> KubeClient:
+        """A client for the same server and connections that authenticates as `token`'s
+        owner (a bearer token: a service account's, a TokenRequest's answer)."""
+        other = object.__new__(KubeClient)
+        other.__dict__.update(self.__dict__)
+        other._credentials = _FixedCredentials(f"Bearer {token}")
+        return other
+
+    def statistics(self) -> ClientStatistics:
+        return ClientStatistics(
+            connections=self._pool.connections,
+            connections_made=self._pool.connections_made,
+            streams=self._pool.streams(),
+        )
+
+    def close(self) -> None:
+        """Close the connections (requests made after it open new ones)."""
+        self._pool.close()
 
     # -- reads -------------------------------------------------------------------------------------
 
-    def list(
+    async def list(
         self,
         kind: Kind,
         *,
@@ -145,38 +163,32 @@ class KubeClient:
         label_selector: str = "",
     ) -> tuple[list[Obj], str]:
         """(items, the list's resourceVersion)."""
-        body = self._call(
-            *_list_call(kind, namespace),
-            field_selector=field_selector or None,
-            label_selector=label_selector or None,
-            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
-            _group=RESOURCES[kind].group,
+        resource = RESOURCES[kind]
+        body = await self.request(
+            "GET",
+            resource.path(namespace),
+            query={"fieldSelector": field_selector, "labelSelector": label_selector},
         )
         items: list[Obj] = body.get("items") or []
         for item in items:  # items of a list carry no kind; the converter needs it
             item.setdefault("kind", kind.value)
-            item.setdefault("apiVersion", RESOURCES[kind].api_version)
+            item.setdefault("apiVersion", resource.api_version)
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
 
-    def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
+    async def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
         """The object, or None if it does not exist."""
-        args = (name, namespace) if RESOURCES[kind].namespaced else (name,)
+        resource = RESOURCES[kind]
         try:
-            obj = self._call(
-                RESOURCES[kind].read_name,
-                *args,
-                _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
-                _group=RESOURCES[kind].group,
-            )
+            obj = await self.request("GET", resource.path(namespace, name))
         except ApiError as exc:
             if exc.code == 404:
                 return None
             raise
         obj.setdefault("kind", kind.value)
-        obj.setdefault("apiVersion", RESOURCES[kind].api_version)
+        obj.setdefault("apiVersion", resource.api_version)
         return obj
 
-    def open_watch(
+    async def open_watch(
         self,
         kind: Kind,
         *,
@@ -186,186 +198,271 @@ class KubeClient:
         timeout_s: int,
         label_selector: str = "",
     ) -> WatchStream:
-        """Start a watch from `resource_version`, bookmarks requested. The server ends it after
-        `timeout_s`; a connection silent for WATCH_SILENCE_S is given up before that."""
-        response = self._open(
-            *_list_call(kind, namespace),
-            field_selector=field_selector or None,
-            label_selector=label_selector or None,
-            watch=True,
-            resource_version=resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=timeout_s,
-            _request_timeout=(CONNECT_TIMEOUT_S, WATCH_SILENCE_S),  # per read, not in total
-            _group=RESOURCES[kind].group,
-        )
+        """Start a watch from `resource_version`, bookmarks requested; the server ends it after
+        `timeout_s`."""
+        query = {
+            "watch": "true",
+            "allowWatchBookmarks": "true",
+            "resourceVersion": resource_version,
+            "timeoutSeconds": str(timeout_s),
+            "fieldSelector": field_selector,
+            "labelSelector": label_selector,
+        }
+        try:
+            async with self._in_flight:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    response = await self._send(
+                        "GET", RESOURCES[kind].path(namespace), query, None, ""
+                    )
+        except trio.TooSlowError:
+            raise ApiUnavailable(
+                f"{self.host}: watch {query['fieldSelector']}: no answer"
+            ) from None
         return WatchStream(response)
 
     # -- writes ------------------------------------------------------------------------------------
 
-    def request_token(self, *, namespace: str, service_account: str, spec: Obj) -> Obj:
+    async def request_token(self, *, namespace: str, service_account: str, spec: Obj) -> Obj:
         """TokenRequest for `service_account`: the answer's `spec` and `status`."""
-        body = kubernetes.client.AuthenticationV1TokenRequest.from_dict(
-            {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
-        )
-        return self._call(
-            "create_namespaced_service_account_token",
-            service_account,
-            namespace,
-            body,
-            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest", "spec": spec}
+        path = f"/api/v1/namespaces/{_quote(namespace)}/serviceaccounts/"
+        return await self.post(f"{path}{_quote(service_account)}/token", body)
+
+    async def create_event(self, *, namespace: str, event: Obj) -> Obj:
+        return await self.post(f"/api/v1/namespaces/{_quote(namespace)}/events", event)
+
+    async def patch_event(self, *, namespace: str, name: str, patch: Obj) -> Obj:
+        return await self.request(
+            "PATCH",
+            f"/api/v1/namespaces/{_quote(namespace)}/events/{_quote(name)}",
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
         )
 
-    def create_event(self, *, namespace: str, event: Obj) -> Obj:
-        body = kubernetes.client.CoreV1Event.from_dict(event)
-        return self._call(
-            "create_namespaced_event",
-            namespace,
-            body,
-            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
-        )
-
-    def patch_event(self, *, namespace: str, name: str, patch: Obj) -> Obj:
-        return self._call(
-            "patch_namespaced_event",
-            name,
-            namespace,
-            patch,
-            _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
-        )
-
-    def create_persistent_volume(self, pv: Obj) -> Obj:
+    async def create_persistent_volume(self, pv: Obj) -> Obj:
         """POST the PV; `ApiError` 409 AlreadyExists if one of that name exists."""
-        return self._call(
-            "create_persistent_volume", pv, _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S)
-        )
+        return await self.post(RESOURCES[Kind.PERSISTENT_VOLUME].path(None), pv)
 
-    def delete_persistent_volume(self, name: str) -> bool:
+    async def delete_persistent_volume(self, name: str) -> bool:
         """DELETE the PV; False if there was none (404)."""
         try:
-            self._call(
-                "delete_persistent_volume",
-                name,
-                _request_timeout=(CONNECT_TIMEOUT_S, REQUEST_TIMEOUT_S),
-            )
+            await self.request("DELETE", RESOURCES[Kind.PERSISTENT_VOLUME].path(None, name))
         except ApiError as exc:
             if exc.code == 404:
                 return False
             raise
         return True
 
+    async def post(self, path: str, body: Obj) -> Obj:
+        """POST `body` (an object: a TokenRequest, a TokenReview, a SubjectAccessReview, ...)
+        to `path`; the server's answer."""
+        return await self.request("POST", path, body=body)
+
     # -- plumbing ----------------------------------------------------------------------------------
 
-    def _call(self, method: str, *args: Any, **kwargs: Any) -> Obj:
-        response = self._open(method, *args, **kwargs)
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: dict[str, str] | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        """One request and its whole JSON answer, within REQUEST_TIMEOUT_S."""
+        data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
         try:
-            data = response.data
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
-            raise ApiUnavailable(f"{self.host}: {exc}") from None
-        finally:
-            response.release_conn()
-        result: Obj = json.loads(data)
+            async with self._in_flight:
+                with trio.fail_after(REQUEST_TIMEOUT_S):
+                    response = await self._send(method, path, query or {}, data, content_type)
+                    try:
+                        text = await response.read()
+                    except ConnectionLost as exc:
+                        raise ApiUnavailable(str(exc)) from None
+                    finally:
+                        response.close()
+        except trio.TooSlowError:
+            raise ApiUnavailable(f"{self.host}: {method} {path}: timed out") from None
+        try:
+            result: Obj = json.loads(text)
+        except ValueError as exc:
+            raise ApiUnavailable(f"{self.host}: {method} {path}: not JSON: {exc}") from None
         return result
 
-    def _open(self, method: str, *args: Any, _group: str = "", **kwargs: Any) -> Any:
-        """Send the request to the API class of `_group`; the urllib3 response, body not yet
-        read."""
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        data: bytes | None,
+        content_type: str,
+    ) -> Response:
+        """Send the request; its response once it has headers and a success status (the
+        caller bounds the time and holds `_in_flight`)."""
+        target = self._prefix + path
+        if params := {k: v for k, v in query.items() if v}:
+            target += "?" + urllib.parse.urlencode(params)
+        headers: list[Header] = [
+            (b":method", method.encode()),
+            (b":scheme", self._scheme),
+            (b":authority", self._authority),
+            (b":path", target.encode()),
+            (b"accept", b"application/json"),
+            (b"user-agent", _USER_AGENT),
+        ]
+        if authorization := await self._credentials.authorization():
+            headers.append((b"authorization", authorization.encode()))
+        if data is not None:
+            headers += [
+                (b"content-type", content_type.encode()),
+                (b"content-length", b"%d" % len(data)),
+            ]
         try:
-            return getattr(self._apis[_group], method)(*args, _preload_content=False, **kwargs)
-        except ApiException as exc:
-            raise _api_error(exc) from None
-        except (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException) as exc:
-            raise ApiUnavailable(f"{self.host}: {exc}") from None
+            response = await self._pool.request(headers, data)
+            if response.status < 400:
+                return response
+            try:
+                text = await response.read()
+            finally:
+                response.close()
+        except ConnectionLost as exc:
+            raise ApiUnavailable(str(exc)) from None
+        raise _api_error(response.status, text)
+
+
+@dataclass(frozen=True, slots=True)
+class ClientStatistics:
+    connections: int
+    """Open now."""
+    connections_made: int
+    """Since the start, the open ones included."""
+    streams: int
+    """Requests and watches open now."""
 
 
 class WatchStream:
-    """One open watch: `next_event()` blocks in a worker thread; `close()` from any thread."""
+    """One open watch: `next_event()` awaits the next event; `close()` (idempotent, never
+    blocks) ends it."""
 
-    def __init__(self, response: Any) -> None:
+    __slots__ = ("_buffer", "_response")
+
+    def __init__(self, response: Response) -> None:
         self._response = response
-        self._lines: Iterator[str] = iter_resp_lines(response)  # type: ignore[no-untyped-call]
-        self._lock = threading.Lock()
-        self._reading = False
-        self._closed = False
-        self._aborted = False
+        self._buffer = b""
 
-    def next_event(self) -> Obj | None:
+    async def next_event(self) -> Obj | None:
         """The next `{type, object}`; None when the server ended the watch."""
-        with self._lock:
-            if self._closed:
-                return None
-            self._reading = True
-        try:
-            while True:
-                line = next(self._lines, None)
-                if line is None:
-                    self._done(self._response.release_conn)  # a clean end: reusable
-                    return None
-                if line.strip():
+        while True:
+            line, newline, rest = self._buffer.partition(b"\n")
+            if newline:
+                self._buffer = rest
+                if not line.strip():
+                    continue
+                try:
                     event: Obj = json.loads(line)
-                    return event
-        except (urllib3.exceptions.HTTPError, OSError, http.client.HTTPException) as exc:
-            self._done(self._response.close)
-            raise ApiUnavailable(f"watch: {exc}") from None
-        except json.JSONDecodeError as exc:
-            self._done(self._response.close)
-            raise ApiUnavailable(f"watch: undecodable event: {exc}") from None
-        finally:
-            with self._lock:
-                self._reading = False
-                if self._aborted:
-                    _quietly(self._response.close)
+                except ValueError as exc:
+                    raise ApiUnavailable(f"watch: undecodable event: {exc}") from None
+                return event
+            try:
+                data = await self._response.receive()
+            except ConnectionLost as exc:
+                raise ApiUnavailable(f"watch: {exc}") from None
+            if not data:
+                if self._buffer.strip():
+                    raise ApiUnavailable("watch: the stream ended in the middle of an event")
+                return None
+            self._buffer += data
 
     def close(self) -> None:
-        """Stop the watch; a thread blocked in `next_event()` wakes and returns. Idempotent."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = self._aborted = True
-            if self._reading:  # wake the reader; it closes the response on its way out
-                _quietly(self._response.shutdown)
-            else:
-                _quietly(self._response.close)
-
-    def _done(self, finish: Callable[[], object]) -> None:
-        with self._lock:
-            if not self._closed:
-                self._closed = True
-                _quietly(finish)
+        self._response.close()
 
 
-def _list_call(kind: Kind, namespace: str | None) -> tuple[str, ...]:
-    """The list method and its positional arguments."""
-    resource = RESOURCES[kind]
-    if namespace is None and resource.list_all_name:
-        return (resource.list_all_name,)
-    return (resource.list_name, *_namespace_arg(kind, namespace))
+class _Credentials:
+    async def authorization(self) -> str:
+        """The `Authorization` header's value ("" for none)."""
+        raise NotImplementedError
 
 
-def _namespace_arg(kind: Kind, namespace: str | None) -> tuple[str, ...]:
-    if kind is Kind.POD:
-        if namespace is not None:
-            raise ValueError("pods are listed across namespaces")
-        return ()
-    if RESOURCES[kind].namespaced:
-        assert namespace is not None
-        return (namespace,)
-    return ()
+class _FixedCredentials(_Credentials):
+    def __init__(self, value: str) -> None:
+        self._value = value
+
+    async def authorization(self) -> str:
+        return self._value
 
 
-def _api_error(exc: ApiException) -> ApiError:
-    code = int(exc.status or 0)
-    reason, message = str(exc.reason or ""), ""
+class _ConfiguredCredentials(_Credentials):
+    """The configuration's bearer token, asked for again every CREDENTIALS_S (in a worker
+    thread: an exec plugin's refresh runs a program)."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+        self._value = ""
+        self._at = -math.inf
+        self._lock = trio.Lock()
+
+    async def authorization(self) -> str:
+        if trio.current_time() - self._at >= CREDENTIALS_S:
+            async with self._lock:
+                if trio.current_time() - self._at >= CREDENTIALS_S:
+                    value = await trio.to_thread.run_sync(self._read)
+                    self._value, self._at = value, trio.current_time()
+        return self._value
+
+    def _read(self) -> str:
+        """The `authorization` header of the client library's own auth settings (which run its
+        refresh hook)."""
+        for setting in self._config.auth_settings().values():
+            if setting.get("in") == "header" and setting.get("key") == "authorization":
+                return str(setting.get("value") or "")
+        return ""
+
+
+def _load_configuration(kubeconfig: Path | None) -> Any:
+    config = kubernetes.client.Configuration()
     try:
-        status = json.loads(exc.body or b"{}")
-        reason, message = status.get("reason", reason), status.get("message", "")
+        if kubeconfig is not None:
+            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=str(kubeconfig), client_configuration=config
+            )
+        elif in_cluster():
+            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
+        else:
+            kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
+    except (kubernetes.config.ConfigException, OSError) as exc:
+        where = kubeconfig or ("in-cluster" if in_cluster() else "kubeconfig")
+        raise FusevolError(f"Kubernetes client configuration ({where}): {exc}") from None
+    return config
+
+
+def _ssl_context(config: Any) -> ssl.SSLContext:
+    """The configuration's TLS: its CA (else the system's), its client certificate, whether to
+    verify; ALPN offers h2 only."""
+    try:
+        context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
+        if config.cert_file:
+            context.load_cert_chain(config.cert_file, config.key_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise FusevolError(f"Kubernetes client configuration: TLS: {exc}") from None
+    if not config.verify_ssl:
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+    context.set_alpn_protocols(["h2"])
+    return context
+
+
+def _api_error(status: int, text: bytes) -> ApiError:
+    reason, message = "", ""
+    try:
+        body = json.loads(text or b"{}")
+        reason, message = str(body.get("reason", "")), str(body.get("message", ""))
     except (ValueError, AttributeError):
-        pass
-    if code == 0:
-        raise ApiUnavailable(reason)
-    return ApiError(code, reason, message)
+        message = text[:200].decode(errors="replace")
+    return ApiError(status, reason, message)
 
 
-def _quietly(call: Callable[[], object]) -> None:
-    with contextlib.suppress(Exception):  # closing a connection that may be gone already
-        call()
+def _quote(part: str) -> str:
+    return urllib.parse.quote(part, safe="")
+
+
+_USER_AGENT = f"fusevol/{fusevol.__version__}".encode()

@@ -13,7 +13,7 @@ client-go's EventCorrelator, in its two parts fusevol needs:
   it are dropped (logged at DEBUG).
 (The aggregation of >10 similar events with different messages is not done.)
 
-Recording never blocks the caller: events are queued and written by `run()` in a worker thread;
+Recording never blocks the caller: events are queued and written by `run()`;
 a failed write is logged and dropped, as client-go does after its retries.
 
 Excludes: when a failure happens (the reconciler calls `failed_mount`).
@@ -122,11 +122,7 @@ class EventRecorder:
         written = self._written.get(key)
         if written is not None:
             patch = {"count": written.count + 1, "lastTimestamp": now}
-            await trio.to_thread.run_sync(
-                lambda: self._client.patch_event(
-                    namespace=pod.namespace, name=written.name, patch=patch
-                )
-            )
+            await self._client.patch_event(namespace=pod.namespace, name=written.name, patch=patch)
             written.count += 1
             return
         name = f"{pod.name}.{time.time_ns():x}"
@@ -152,9 +148,7 @@ class EventRecorder:
             "reportingComponent": COMPONENT,
             "reportingInstance": self._node_name,
         }
-        await trio.to_thread.run_sync(
-            lambda: self._client.create_event(namespace=pod.namespace, event=body)
-        )
+        await self._client.create_event(namespace=pod.namespace, event=body)
         self._written[key] = _Written(name, 1)
 
 

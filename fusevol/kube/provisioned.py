@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-import trio
-
 from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert, to_document
 from fusevol.kube.reflector import Query, Reflector
@@ -38,6 +36,8 @@ from fusevol.model import Kind, ObjectKey, PersistentVolume
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    import trio
 
     from fusevol.kube.client import KubeClient, Obj
 
@@ -71,7 +71,6 @@ class KubeVolumeRecorder:
             query=Query(Kind.PERSISTENT_VOLUME, None, "", f"{NODE_LABEL}={node_name}"),
             on_replace=self._replace,
             on_event=self._event,
-            limiter=trio.CapacityLimiter(2),  # one list or watch at a time, one being abandoned
         )
 
     @property
@@ -132,15 +131,11 @@ class KubeVolumeRecorder:
 
     async def _create(self, name: str, document: Obj) -> Obj:
         try:
-            created: Obj = await trio.to_thread.run_sync(
-                self._client.create_persistent_volume, document
-            )
+            created: Obj = await self._client.create_persistent_volume(document)
         except ApiError as exc:
             if exc.code != 409:
                 raise
-            existing = await trio.to_thread.run_sync(
-                lambda: self._client.get(Kind.PERSISTENT_VOLUME, namespace="", name=name)
-            )
+            existing = await self._client.get(Kind.PERSISTENT_VOLUME, namespace="", name=name)
             if existing is None:  # deleted meanwhile: the next attempt creates it again
                 raise
             created = existing
@@ -150,7 +145,7 @@ class KubeVolumeRecorder:
         """The PV controller marks it `Released`; nothing to do here."""
 
     async def forget(self, pv: PersistentVolume) -> None:
-        deleted = await trio.to_thread.run_sync(self._client.delete_persistent_volume, pv.name)
+        deleted = await self._client.delete_persistent_volume(pv.name)
         if self._volumes.pop(pv.name, None) is not None:
             self._on_change()
         if deleted:

@@ -20,9 +20,8 @@ client-go's reflector (and kopf's watch loop), as small stages:
    delivered stays delivered, so an API server that is away for minutes changes nothing on the
    node until it is back.
 
-The blocking client calls run in worker threads under the caller's `limiter` (one thread per open
-watch: they must not starve the default limiter that file and mount work uses); a cancelled
-reflector closes its stream, which wakes its thread.
+The client's calls are awaited on the trio thread (each watch a stream of the client's one HTTP/2
+connection, no thread); a cancelled reflector closes its stream.
 
 Excludes: what the items mean (the handlers), and conversion of objects.
 """
@@ -31,9 +30,8 @@ from __future__ import annotations
 
 import logging
 import random
-import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -42,7 +40,7 @@ from fusevol.kube.client import ApiError, ApiUnavailable
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from fusevol.kube.client import KubeClient, Obj, WatchStream
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.model import Kind
 
 log = logging.getLogger(__name__)
@@ -100,14 +98,12 @@ class Reflector:
         query: Query,
         on_replace: Callable[[list[Obj]], Awaitable[None]],
         on_event: Callable[[str, Obj], Awaitable[None]],
-        limiter: trio.CapacityLimiter,
         backoff: Backoff | None = None,
     ) -> None:
         self._client = client
         self.query = query
         self._on_replace = on_replace
         self._on_event = on_event
-        self._limiter = limiter
         self._backoff = backoff or Backoff()
         self._expiring = False
         """A 410 came, and no event since: (4) backs off on the next one."""
@@ -133,8 +129,7 @@ class Reflector:
                 await self._failed(exc)  # (5)
 
     async def _list(self) -> str:
-        items, version = await self._thread(
-            self._client.list,
+        items, version = await self._client.list(
             self.query.kind,
             namespace=self.query.namespace,
             field_selector=self.query.field_selector,
@@ -150,41 +145,18 @@ class Reflector:
     async def _watch(self) -> None:
         """Follow one watch stream, moving `_version` on with every event."""
         version = self._version
-        # Cancelled while the thread connects: whichever side comes second closes the stream,
-        # which nobody will read (the thread, if it opens it after; we, if it opened it before
-        # our cancellation reached us: its answer is then dropped by trio).
-        lock = threading.Lock()
-        abandoned = False
-        opened: list[WatchStream] = []
-
-        def open_watch() -> WatchStream:
-            stream = self._client.open_watch(
-                self.query.kind,
-                namespace=self.query.namespace,
-                field_selector=self.query.field_selector,
-                resource_version=version,
-                timeout_s=random.randrange(*WATCH_TIMEOUT_S),
-                label_selector=self.query.label_selector,
-            )
-            with lock:
-                if abandoned:
-                    stream.close()
-                else:
-                    opened.append(stream)
-            return stream
-
-        try:
-            stream: WatchStream = await self._thread(open_watch)
-        except trio.Cancelled:
-            with lock:
-                abandoned = True
-                for leftover in opened:
-                    leftover.close()
-            raise
+        stream = await self._client.open_watch(
+            self.query.kind,
+            namespace=self.query.namespace,
+            field_selector=self.query.field_selector,
+            resource_version=version,
+            timeout_s=random.randrange(*WATCH_TIMEOUT_S),
+            label_selector=self.query.label_selector,
+        )
         self.stats.watches += 1
         try:
             while True:
-                event = await self._thread(stream.next_event)
+                event = await stream.next_event()
                 if event is None:
                     return  # (3)
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -221,8 +193,3 @@ class Reflector:
         level = logging.WARNING if self._backoff.failures <= 1 else logging.DEBUG
         log.log(level, "watch failed query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
         await trio.sleep(delay)
-
-    async def _thread(self, function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        return await trio.to_thread.run_sync(
-            lambda: function(*args, **kwargs), abandon_on_cancel=True, limiter=self._limiter
-        )

@@ -1,13 +1,14 @@
 """A Kubernetes API server on loopback, speaking the real wire protocol, driven by the tests.
 
 A real kube-apiserver cannot run on the test machines, and the agent must not know the difference:
-it talks to this server through the `kubernetes` client exactly as it talks to a cluster. What the
-client uses is implemented as the API server does it:
+it talks to this server exactly as it talks to a cluster: HTTP/2 over TLS (`tests.helpers.h2server`:
+ALPN h2, kube-apiserver's limit of concurrent streams per connection, flow control), the server's
+CA in the kubeconfig. What the agent uses is implemented as the API server does it:
 
 - core/v1 pods, configmaps, secrets, persistentvolumeclaims (namespaced), persistentvolumes and
   storage.k8s.io/v1 storageclasses (cluster-scoped): GET one object (404 Status when absent),
   LIST (`metadata.resourceVersion`),
-  WATCH (HTTP/1.1 chunked stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
+  WATCH (a stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
   events when `allowWatchBookmarks`; an `ERROR` event carrying a 410 Status when the version is
   older than the compacted history; the stream ends after `timeoutSeconds`);
 - `fieldSelector` (`metadata.name`, `metadata.namespace`, `spec.nodeName`; `=`, `==`, `!=`;
@@ -24,18 +25,21 @@ client uses is implemented as the API server does it:
 
 The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
 global resourceVersion and wake the watches, and steer faults: `cut_watches()` (a watch dies in
-the middle of an event), `compact()` (history gone: resuming watches get 410), `stop()`/`start()`
-(a restart on the same port: connections reset, history compacted, as a new API server's watch
-cache), `token_lifetime_s` (the server shortens tokens, as `--service-account-max-token-expiration`
-may). `requests` records every request for assertions.
+the middle of an event: half of it is sent, then its stream is reset), `compact()` (history gone:
+resuming watches get 410), `stop()`/`start()` (a restart on the same port: connections reset,
+history compacted, as a new API server's watch cache), `token_lifetime_s` (the server shortens
+tokens, as `--service-account-max-token-expiration` may). `requests` records every request for
+assertions; `connections()` counts the TCP connections accepted, `max_streams_seen` the most
+streams one connection carried at once.
 
 `set_fault(mode)` makes the server misbehave until `set_fault(None)`, each mode as a sick API
 server or the network in front of it does, for new requests and for the watches already open:
 `"500"` answers every request with a 500 InternalError Status (open watches end); `"410"` answers
 every watch with an ERROR event carrying a 410 Expired Status (lists and gets still work; open
 watches get it too); `"stall"` reads each request and sends nothing, not even headers, until the
-fault is cleared, then answers it (open watches deliver nothing meanwhile); `"drop"` closes every
-connection right after accepting it (open ones are reset).
+fault is cleared, then answers it (open watches deliver nothing meanwhile; the connection itself
+answers PINGs, as Go's server does while its handlers hang); `"drop"` closes every connection
+right after accepting it (open ones are reset).
 
 `PvController` stands in for kube-controller-manager's PV controller, which no test machine runs:
 the binding of claims to PVs pre-bound by claimRef, and the release of PVs whose claim went. It
@@ -45,13 +49,11 @@ runs after every change, inside the server's lock (`pv_controller = False` turns
 from __future__ import annotations
 
 import base64
+import bisect
 import contextlib
 import copy
 import datetime
-import http.server
 import json
-import select
-import socket
 import threading
 import time
 import urllib.parse
@@ -60,9 +62,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tests.helpers import defaults
+from tests.helpers.h2server import DEFAULT_MAX_STREAMS, H2Server, certificates
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+    from tests.helpers.h2server import ServerStream
 
 Obj = dict[str, Any]
 
@@ -115,7 +120,7 @@ class _Watch:
     resource: str
     namespace: str | None
     query: dict[str, str]
-    connection: socket.socket
+    stream: ServerStream
     cut: bool = False
 
 
@@ -128,8 +133,13 @@ class _History:
 
 
 class ApiServer:
-    def __init__(self, *, bookmark_interval_s: float = 60.0) -> None:
+    def __init__(
+        self, *, bookmark_interval_s: float = 60.0, max_streams: int = DEFAULT_MAX_STREAMS
+    ) -> None:
+        """`max_streams`: SETTINGS_MAX_CONCURRENT_STREAMS of each connection (kube-apiserver's
+        `--http2-max-streams-per-connection`, 250 when unset)."""
         self.bookmark_interval_s = bookmark_interval_s
+        self.max_streams = max_streams
         self.token_lifetime_s: int | None = None
         self.requests: list[Request] = []
         self.events: dict[tuple[str, str], Obj] = {}
@@ -145,9 +155,10 @@ class ApiServer:
         self._objects: dict[tuple[str, str, str], Obj] = {}
         self._history = _History()
         self._watches: list[_Watch] = []
-        self._connections: set[socket.socket] = set()
-        self._httpd: _HTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._server: H2Server | None = None
+        self._accepted_before = 0
+        self.max_streams_seen = 0
+        self.protocol_errors: list[str] = []
         self.port = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -158,41 +169,62 @@ class ApiServer:
         with self._cond:
             self._history.compacted = self._rv
             self._history.events.clear()
-        self._httpd = _HTTPServer(("127.0.0.1", self.port), _Handler, self)
-        self.port = self._httpd.server_address[1]
-        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
-        self._thread.start()
+        self._server = H2Server(
+            self._handle, port=self.port, max_streams=self.max_streams, refuse=self._refuse
+        )
+        self._server.start()
+        self.port = self._server.port
         return self
 
     def stop(self) -> None:
-        """Go away: stop listening and reset every connection."""
-        if self._httpd is None:
+        """Go away as a killed process does: stop listening, close every connection."""
+        server, self._server = self._server, None
+        if server is None:
             return
-        self._httpd.shutdown()
-        self._httpd.server_close()
+        server.stop()
+        self._accepted_before += server.accepted
+        self._server_stopped(server)
         with self._cond:
-            for sock in list(self._connections):
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
             self._watches.clear()
-            self._cond.notify_all()
-        self._httpd = None
+
+    def connections(self) -> int:
+        """TCP connections accepted since the first start (those "drop" closed included)."""
+        return self._accepted_before + (self._server.accepted if self._server else 0)
+
+    def open_connections(self) -> int:
+        return self._server.open_connections if self._server else 0
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"https://127.0.0.1:{self.port}"
 
     def write_kubeconfig(self, path: Path, *, token: str = TOKEN) -> Path:
+        cluster = {"server": self.url, "certificate-authority-data": certificates().ca_data}
         config = {
             "apiVersion": "v1",
             "kind": "Config",
-            "clusters": [{"name": "test", "cluster": {"server": self.url}}],
+            "clusters": [{"name": "test", "cluster": cluster}],
             "users": [{"name": "fusevol", "user": {"token": token}}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "fusevol"}}],
             "current-context": "test",
         }
         path.write_text(json.dumps(config))
         return path
+
+    def _server_stopped(self, server: H2Server) -> None:
+        self.max_streams_seen = max(self.max_streams_seen, server.max_streams_seen)
+        self.protocol_errors += server.protocol_errors
+
+    def _refuse(self) -> bool:
+        if self.fault != "drop":
+            return False
+        self.dropped += 1
+        return True
+
+    def _notify(self) -> None:
+        """Wake every watch and stalled request: the world or a fault changed."""
+        if self._server is not None:
+            self._server.notify()
 
     # -- the world, as the tests change it ---------------------------------------------------------
 
@@ -258,7 +290,7 @@ class ApiServer:
         with self._cond:
             for watch in self._watches:
                 watch.cut = True
-            self._cond.notify_all()
+            self._notify()
             return len(self._watches)
 
     def compact(self) -> None:
@@ -274,11 +306,9 @@ class ApiServer:
             self.fault = mode
             if mode == "500":  # open watches end cleanly; re-watching meets the 500s
                 self._watches.clear()
-            elif mode == "drop":
-                for sock in list(self._connections):
-                    with contextlib.suppress(OSError):
-                        sock.shutdown(socket.SHUT_RDWR)
-            self._cond.notify_all()
+            elif mode == "drop" and self._server is not None:
+                self._server.drop_connections()
+            self._notify()
 
     def open_watches(self, resource: str | None = None) -> list[tuple[str, str | None, str]]:
         """(resource, namespace, fieldSelector) of every watch being served now."""
@@ -314,7 +344,7 @@ class ApiServer:
         if kind != "DELETED":
             self._objects[(resource, namespace, name)] = obj
         self._history.events.append((self._rv, kind, resource, copy.deepcopy(obj)))
-        self._cond.notify_all()
+        self._notify()
         return copy.deepcopy(obj)
 
     def _controllers(self) -> None:
@@ -402,165 +432,28 @@ class ApiServer:
             self.events[(namespace, name)] = merged
             return merged
 
-    def _stalled(self, connection: socket.socket) -> bool:
-        """While the fault is "stall", hold a request unanswered. True if its client left."""
-        with self._cond:
-            while self.fault == "stall":
-                if _hung_up(connection):
-                    return True
-                self._cond.wait(0.05)
-        return False
+    # -- serving (on the HTTP/2 server's trio thread) ----------------------------------------------
 
-    def _serve_watch(self, handler: _Handler, watch: _Watch) -> None:
-        """Stream events until the timeout, a cut, or the server goes away."""
-        selector = _selector(watch.resource, watch.query)
-        deadline = time.monotonic() + float(watch.query.get("timeoutSeconds") or 1800)
-        bookmarks = watch.query.get("allowWatchBookmarks") == "true"
-        since = watch.query.get("resourceVersion", "")
-        with self._cond:
-            if self.fault == "410" or (
-                since not in ("", "0") and int(since) < self._history.compacted
-            ):
-                message = f"too old resource version: {since} ({self._history.compacted})"
-                handler.send_chunk(
-                    {"type": "ERROR", "object": ApiError(410, "Expired", message).status()}
-                )
-                return
-            if since in ("", "0"):  # the current state as ADDED events, then what follows
-                pending = [
-                    ("ADDED", copy.deepcopy(o))
-                    for (res, ns, _), o in sorted(self._objects.items())
-                    if res == watch.resource and watch.namespace in (None, ns) and selector(o)
-                ]
-                cursor = self._rv
-            else:
-                pending, cursor = [], int(since)
-            self._watches.append(watch)
-        next_bookmark = time.monotonic() + self.bookmark_interval_s
-        try:
-            while True:
-                for kind, obj in pending:
-                    handler.send_chunk({"type": kind, "object": obj}, cut=watch.cut)
-                with self._cond:
-                    while True:
-                        if watch.cut or watch not in self._watches:
-                            if watch.cut:
-                                handler.send_chunk({"type": "MODIFIED", "object": {}}, cut=True)
-                            return
-                        if self.fault == "410":
-                            message = "too old resource version (fault injected)"
-                            status = ApiError(410, "Expired", message).status()
-                            handler.send_chunk({"type": "ERROR", "object": status})
-                            return
-                        if self.fault == "stall":  # hold every event; notice a client leaving
-                            if _hung_up(watch.connection):
-                                return
-                            self._cond.wait(0.05)
-                            continue
-                        events = [
-                            e
-                            for e in self._history.events
-                            if e[0] > cursor
-                            and e[2] == watch.resource
-                            and watch.namespace in (None, e[3]["metadata"].get("namespace"))
-                        ]
-                        now = time.monotonic()
-                        if events or now >= deadline or (bookmarks and now >= next_bookmark):
-                            break
-                        # Like a real server, notice a client that went away while idle.
-                        if _hung_up(watch.connection):
-                            return
-                        self._cond.wait(min(deadline, next_bookmark, now + 0.05) - now)
-                    cursor = max([cursor, *(e[0] for e in events)])
-                    rv = self._rv
-                pending = [(kind, obj) for _, kind, _, obj in events if selector(obj)]
-                if not events and time.monotonic() >= deadline:
-                    return
-                if not events and bookmarks and time.monotonic() >= next_bookmark:
-                    next_bookmark = time.monotonic() + self.bookmark_interval_s
-                    kind = {**NAMESPACED, **CLUSTER}[watch.resource]
-                    meta = {"resourceVersion": str(rv)}
-                    bookmark = {
-                        "kind": kind,
-                        "apiVersion": _api_version(watch.resource),
-                        "metadata": meta,
-                    }
-                    cursor = max(cursor, rv)
-                    handler.send_chunk({"type": "BOOKMARK", "object": bookmark})
-        finally:
-            with self._cond:
-                if watch in self._watches:
-                    self._watches.remove(watch)
-
-
-class _HTTPServer(http.server.ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self, address: tuple[str, int], handler: type, api: ApiServer) -> None:
-        self.api = api
-        super().__init__(address, handler)
-
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self.api._cond:
-            if self.api.fault == "drop":
-                self.api.dropped += 1
-                self.shutdown_request(request)
-                return
-            self.api._connections.add(request)
-        super().process_request(request, client_address)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up (the agent closing a watch, a restart) is no error."""
-
-    def shutdown_request(self, request: Any) -> None:
-        with self.api._cond:
-            self.api._connections.discard(request)
-        super().shutdown_request(request)
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server: _HTTPServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def do_PATCH(self) -> None:
-        self._handle("PATCH")
-
-    def do_DELETE(self) -> None:
-        self._handle("DELETE")
-
-    def _handle(self, method: str) -> None:
-        api = self.server.api
-        url = urllib.parse.urlsplit(self.path)
+    async def _handle(self, stream: ServerStream) -> None:
+        url = urllib.parse.urlsplit(stream.path)
         query = dict(urllib.parse.parse_qsl(url.query))
-        api.requests.append(Request(method, url.path, query))
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else {}
+        method = stream.method
+        self.requests.append(Request(method, url.path, query))
+        body = json.loads(stream.body) if stream.body else {}
         try:
-            if api._stalled(self.connection):
-                self.close_connection = True
+            if await self._stalled(stream):
                 return
-            if api.fault == "500":
+            if self.fault == "500":
                 raise ApiError(500, "InternalError", "Internal error occurred (fault injected)")
-            if self.headers.get("Authorization") != f"Bearer {TOKEN}":
+            if stream.headers.get("authorization") != f"Bearer {TOKEN}":
                 raise ApiError(401, "Unauthorized", "Unauthorized")
-            self._route(method, url.path, query, body)
+            await self._route(stream, method, url.path, query, body)
         except ApiError as exc:
-            self.send_json(exc.code, exc.status())
-        except (BrokenPipeError, ConnectionResetError):
-            self.close_connection = True
+            await _send_json(stream, exc.code, exc.status())
 
-    def _route(self, method: str, path: str, query: dict[str, str], body: Obj) -> None:
-        api = self.server.api
+    async def _route(
+        self, stream: ServerStream, method: str, path: str, query: dict[str, str], body: Obj
+    ) -> None:
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "v1"]:
             rest = parts[2:]
@@ -576,23 +469,23 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         if len(rest) >= 3 and rest[0] == "namespaces":
             namespace, rest = rest[1], rest[2:]
         if rest == ["events"] and method == "POST" and namespace:
-            self.send_json(201, api._record_event("POST", namespace, None, body))
+            await _send_json(stream, 201, self._record_event("POST", namespace, None, body))
         elif len(rest) == 2 and rest[0] == "events" and method == "PATCH" and namespace:
-            self.send_json(200, api._record_event("PATCH", namespace, rest[1], body))
+            await _send_json(stream, 200, self._record_event("PATCH", namespace, rest[1], body))
         elif len(rest) == 3 and rest[0] == "serviceaccounts" and rest[2] == "token":
             if method != "POST" or namespace is None:
                 raise ApiError(405, "MethodNotAllowed", "method not allowed")
-            with api._cond:
-                response = api._issue_token(namespace, rest[1], body)
-            self.send_json(201, response)
+            with self._cond:
+                response = self._issue_token(namespace, rest[1], body)
+            await _send_json(stream, 201, response)
         elif rest == ["persistentvolumes"] and method == "POST" and namespace is None:
             body.setdefault("kind", "PersistentVolume")
-            self.send_json(201, api.create(body))
+            await _send_json(stream, 201, self.create(body))
         elif len(rest) == 2 and rest[0] == "persistentvolumes" and method == "DELETE":
-            with api._cond:
-                old = api._get_one(rest[0], "", rest[1])
-                api.delete("PersistentVolume", "", rest[1])
-            self.send_json(200, old)
+            with self._cond:
+                old = self._get_one(rest[0], "", rest[1])
+                self.delete("PersistentVolume", "", rest[1])
+            await _send_json(stream, 200, old)
         elif (
             method != "GET"
             or not rest
@@ -603,38 +496,136 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         ):
             raise ApiError(404, "NotFound", "the server could not find the requested resource")
         elif len(rest) == 2:
-            self.send_json(200, api._get_one(rest[0], namespace or "", rest[1]))
+            await _send_json(stream, 200, self._get_one(rest[0], namespace or "", rest[1]))
         elif query.get("watch") in ("true", "1"):
             _selector(rest[0], query)  # a bad selector is a 400 before the stream starts
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            api._serve_watch(self, _Watch(rest[0], namespace, query, self.connection))
-            self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
+            await stream.respond(200, {"content-type": "application/json"})
+            if await self._serve_watch(_Watch(rest[0], namespace, query, stream)):
+                await stream.send(b"", end=True)
         else:
-            self.send_json(200, api._list(rest[0], namespace, query))
+            await _send_json(stream, 200, self._list(rest[0], namespace, query))
 
-    def send_json(self, code: int, obj: Obj) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+    async def _stalled(self, stream: ServerStream) -> bool:
+        """While the fault is "stall", hold a request unanswered. True if its client left."""
+        assert self._server is not None
+        server = self._server
+        while True:
+            if stream.closed:
+                return True
+            if self.fault != "stall":
+                return False
+            await server.wait_change(1.0)
 
-    def send_chunk(self, event: Obj, *, cut: bool = False) -> None:
-        line = json.dumps(event).encode() + b"\n"
-        if cut:  # the chunk announces the whole line, half of it comes, then the connection dies
-            self.wfile.write(b"%x\r\n" % len(line) + line[: len(line) // 2])
-            self.wfile.flush()
-            with contextlib.suppress(OSError):
-                self.connection.shutdown(socket.SHUT_RDWR)
-            self.close_connection = True
-            raise ConnectionResetError("watch cut")
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
-        self.wfile.flush()
+    async def _serve_watch(self, watch: _Watch) -> bool:
+        """Stream events until the timeout, a cut, or the server goes away. True: end the
+        stream cleanly (False: it is reset or gone)."""
+        assert self._server is not None
+        server = self._server
+        stream = watch.stream
+        selector = _selector(watch.resource, watch.query)
+        deadline = time.monotonic() + float(watch.query.get("timeoutSeconds") or 1800)
+        bookmarks = watch.query.get("allowWatchBookmarks") == "true"
+        since = watch.query.get("resourceVersion", "")
+        with self._cond:
+            if self.fault == "410" or (
+                since not in ("", "0") and int(since) < self._history.compacted
+            ):
+                message = f"too old resource version: {since} ({self._history.compacted})"
+                status = ApiError(410, "Expired", message).status()
+                event: Obj = {"type": "ERROR", "object": status}
+                pending: list[Obj] = [event]
+                cursor = -1
+            else:
+                if since in ("", "0"):  # the current state as ADDED events, then what follows
+                    pending = [
+                        {"type": "ADDED", "object": copy.deepcopy(o)}
+                        for (res, ns, _), o in sorted(self._objects.items())
+                        if res == watch.resource and watch.namespace in (None, ns) and selector(o)
+                    ]
+                    cursor = self._rv
+                else:
+                    pending, cursor = [], int(since)
+                self._watches.append(watch)
+        if cursor < 0:
+            await _send_event(stream, pending[0])
+            return True
+        next_bookmark = time.monotonic() + self.bookmark_interval_s
+        try:
+            while True:
+                for item in pending:
+                    if not await _send_event(stream, item, cut=watch.cut):
+                        return False
+                pending = []
+                while not pending:
+                    if stream.closed:
+                        return False
+                    with self._cond:
+                        if watch.cut:
+                            await _send_event(stream, {"type": "MODIFIED", "object": {}}, cut=True)
+                            return False
+                        if watch not in self._watches:
+                            return True
+                        if self.fault == "410":
+                            message = "too old resource version (fault injected)"
+                            status = ApiError(410, "Expired", message).status()
+                            pending = [{"type": "ERROR", "object": status}]
+                            break
+                        events = [] if self.fault == "stall" else self._events_after(cursor)
+                        cursor = max([cursor, *(e[0] for e in events)])
+                        rv = self._rv
+                    pending = [
+                        {"type": kind, "object": obj}
+                        for _, kind, resource, obj in events
+                        if resource == watch.resource
+                        and watch.namespace in (None, obj["metadata"].get("namespace"))
+                        and selector(obj)
+                    ]
+                    now = time.monotonic()
+                    if pending:
+                        break
+                    if now >= deadline:
+                        return True
+                    if bookmarks and now >= next_bookmark and self.fault != "stall":
+                        next_bookmark = now + self.bookmark_interval_s
+                        kind = {**NAMESPACED, **CLUSTER}[watch.resource]
+                        cursor = max(cursor, rv)
+                        bookmark = {
+                            "kind": kind,
+                            "apiVersion": _api_version(watch.resource),
+                            "metadata": {"resourceVersion": str(rv)},
+                        }
+                        pending = [{"type": "BOOKMARK", "object": bookmark}]
+                        break
+                    await server.wait_change(min(deadline, next_bookmark) - now)
+                if pending and pending[-1]["type"] == "ERROR":
+                    await _send_event(stream, pending[0])
+                    return True
+        finally:
+            with self._cond:
+                if watch in self._watches:
+                    self._watches.remove(watch)
+
+    def _events_after(self, cursor: int) -> list[tuple[int, str, str, Obj]]:
+        """The history after resourceVersion `cursor` (under the lock)."""
+        events = self._history.events
+        return events[bisect.bisect_right(events, cursor, key=lambda e: e[0]) :]
+
+
+async def _send_json(stream: ServerStream, code: int, obj: Obj) -> None:
+    data = json.dumps(obj).encode()
+    await stream.respond(code, {"content-type": "application/json"})
+    await stream.send(data, end=True)
+
+
+async def _send_event(stream: ServerStream, event: Obj, *, cut: bool = False) -> bool:
+    """One event as one line; with `cut`, half of it, then the stream is reset. False: gone."""
+    line = json.dumps(event).encode() + b"\n"
+    if cut:
+        await stream.send(line[: len(line) // 2])
+        await stream.reset()
+        return False
+    await stream.send(line)
+    return not stream.closed
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -669,15 +660,6 @@ def _selector(resource: str, query: dict[str, str]) -> Any:
         return True
 
     return matches
-
-
-def _hung_up(sock: socket.socket) -> bool:
-    """True if the peer closed its side (a watch client never sends anything after its request)."""
-    try:
-        readable, _, _ = select.select([sock], [], [], 0)
-        return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
-    except OSError:
-        return True
 
 
 def _parse_selector(text: str) -> list[tuple[str, str, str]]:

@@ -31,7 +31,7 @@ from fusevol.source.kube.source import KubeSource
 from fusevol.volumemanager.cache.store import ObjectStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
     from pathlib import Path
 
 Obj = dict[str, Any]
@@ -57,13 +57,14 @@ class Stream:
         key, _, value = self.label_selector.partition("=")
         return not key or (meta.get("labels") or {}).get(key) == value
 
-    def next_event(self) -> Obj | None:
+    async def next_event(self) -> Obj | None:
         if self.closed:
             return None
         self.waiting.set()
-        event = self.events.get()
-        self.waiting.clear()
-        return event
+        try:
+            return await trio.to_thread.run_sync(self.events.get, abandon_on_cancel=True)
+        finally:
+            self.waiting.clear()
 
     def close(self) -> None:
         self.closed = True
@@ -71,6 +72,10 @@ class Stream:
 
     def idle(self) -> bool:
         return self.closed or (self.waiting.is_set() and self.events.empty())
+
+
+async def _nothing(pv: Obj) -> None:
+    pass
 
 
 GONE = {"type": "ERROR", "object": {"code": 410, "reason": "Expired", "message": ""}}
@@ -88,7 +93,7 @@ class ScriptedClient:
         self.lists: list[tuple[Kind, str]] = []
         self.list_gate: dict[str, threading.Event] = {}
         self.listing: set[str] = set()
-        self.on_create: Callable[[Obj], None] = lambda pv: None
+        self.on_create: Callable[[Obj], Awaitable[None]] = _nothing
         self.deleted: list[str] = []
         self.compacted = 0
         """History before this resourceVersion is gone: a watch from before it gets 410 at
@@ -139,7 +144,7 @@ class ScriptedClient:
 
     # -- KubeClient --------------------------------------------------------------------------------
 
-    def list(
+    async def list(
         self,
         kind: Kind,
         *,
@@ -150,7 +155,7 @@ class ScriptedClient:
         self.listing.add(field_selector)
         gate = self.list_gate.get(field_selector)
         if gate is not None:
-            gate.wait()
+            await trio.to_thread.run_sync(gate.wait)
         self.lists.append((kind, field_selector))
         probe = Stream(kind, field_selector, label_selector)
         with self._lock:
@@ -160,7 +165,7 @@ class ScriptedClient:
             item.setdefault("kind", kind.value)
         return items, version
 
-    def open_watch(self, kind: Kind, **query: Any) -> Stream:
+    async def open_watch(self, kind: Kind, **query: Any) -> Stream:
         stream = Stream(kind, query["field_selector"], query.get("label_selector", ""))
         with self._lock:
             if int(query["resource_version"]) < self.compacted:
@@ -173,19 +178,19 @@ class ScriptedClient:
             self.streams.append(stream)
         return stream
 
-    def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
+    async def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
         return copy.deepcopy(self.objects.get((kind, name)))
 
-    def create_persistent_volume(self, pv: Obj) -> Obj:
+    async def create_persistent_volume(self, pv: Obj) -> Obj:
         pv = {**copy.deepcopy(pv), "kind": "PersistentVolume", "apiVersion": "v1"}
         self.put(Kind.PERSISTENT_VOLUME, pv, "ADDED", send=False)
-        self.on_create(pv)
+        await self.on_create(pv)
         created = self.objects[Kind.PERSISTENT_VOLUME, pv["metadata"]["name"]]
         # The PV's own event, after the claim's: nothing orders the events of two watches.
         self._send(Kind.PERSISTENT_VOLUME, {"type": "ADDED", "object": copy.deepcopy(created)})
         return copy.deepcopy(created)
 
-    def delete_persistent_volume(self, name: str) -> bool:
+    async def delete_persistent_volume(self, name: str) -> bool:
         self.deleted.append(name)
         return self.objects.pop((Kind.PERSISTENT_VOLUME, name), None) is not None
 
@@ -217,16 +222,6 @@ def claim(**spec: Any) -> Obj:
             **spec,
         },
     }
-
-
-def wait_until(condition: Callable[[], bool]) -> None:
-    """From a worker thread: until `condition()` (the trio side runs meanwhile), for up to 20 s
-    (5 s ran out once in a full run with the image build and a Kubernetes node on the machine)."""
-    for _ in range(4000):
-        if condition():
-            return
-        threading.Event().wait(0.005)
-    raise AssertionError("timed out")
 
 
 async def until(condition: Callable[[], bool]) -> None:
@@ -272,12 +267,12 @@ async def test_a_claim_bound_during_its_pvs_create_is_never_taken_as_gone(tmp_pa
     client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim())
     agent = Agent(client, tmp_path)
 
-    def pv_controller_binds(pv: Obj) -> None:
+    async def pv_controller_binds(pv: Obj) -> None:
         """Inside the create (as the test API server's PV controller does, and as a fast one
         can before the create's answer arrives): the claim is bound, and the claims' watches
         deliver that before the PVs' watch delivers the PV (nothing orders two watches)."""
         client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName=pv["metadata"]["name"]))
-        wait_until(client.idle)
+        await until(client.idle)
 
     client.on_create = pv_controller_binds
     async with trio.open_nursery() as nursery:

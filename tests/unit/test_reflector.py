@@ -35,7 +35,7 @@ def configmap(version: str, value: str = "1") -> Obj:
 
 
 class Stream:
-    """One watch: what the test feeds it, read by `next_event` in the reflector's thread."""
+    """One watch: what the test feeds it, read by `next_event`."""
 
     def __init__(self, resource_version: str) -> None:
         self.resource_version = resource_version
@@ -49,8 +49,10 @@ class Stream:
         """The server ends the watch (its timeoutSeconds)."""
         self._events.put(None)
 
-    def next_event(self) -> Obj | None:
-        return None if self.closed else self._events.get()
+    async def next_event(self) -> Obj | None:
+        if self.closed:
+            return None
+        return await trio.to_thread.run_sync(self._events.get, abandon_on_cancel=True)
 
     def close(self) -> None:
         self.closed = True
@@ -66,7 +68,7 @@ class ScriptedClient:
     refuse_watches: int = 0
     """The next this many `open_watch` calls fail to connect."""
 
-    def list(self, kind: Kind, **query: Any) -> tuple[list[Obj], str]:
+    async def list(self, kind: Kind, **query: Any) -> tuple[list[Obj], str]:
         assert (kind, query["namespace"], query["field_selector"]) == (
             QUERY.kind,
             QUERY.namespace,
@@ -75,7 +77,7 @@ class ScriptedClient:
         self.lists += 1
         return copy.deepcopy(self.items), self.version
 
-    def open_watch(self, kind: Kind, **query: Any) -> Stream:
+    async def open_watch(self, kind: Kind, **query: Any) -> Stream:
         assert 300 <= query["timeout_s"] < 600  # client-go's randomised watch timeout
         if self.refuse_watches:
             self.refuse_watches -= 1
@@ -118,7 +120,6 @@ async def mirror() -> AsyncIterator[Mirror]:
         query=QUERY,
         on_replace=on_replace,
         on_event=on_event,
-        limiter=trio.CapacityLimiter(4),
         backoff=Backoff(initial_s=0.01, max_s=0.05),
     )
     async with trio.open_nursery() as nursery:
@@ -209,7 +210,6 @@ async def test_cancelling_the_reflector_closes_its_watch() -> None:
         query=QUERY,
         on_replace=ignore,
         on_event=ignore,
-        limiter=trio.CapacityLimiter(1),
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reflector.run)

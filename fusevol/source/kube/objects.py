@@ -42,6 +42,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+FETCHES_IN_FLIGHT = 32
+"""GETs of the Cache and Get strategies at once: a sync of thousands of objects is a queue."""
+
 
 @dataclass(frozen=True, slots=True)
 class TrackerStatistics:
@@ -76,7 +79,6 @@ class WatchedObjects:
         client: KubeClient,
         store: ObjectStore,
         nursery: trio.Nursery,
-        limiter: trio.CapacityLimiter,
         origin: str,
         on_claim: Callable[[], None],
     ) -> None:
@@ -85,7 +87,6 @@ class WatchedObjects:
         self._client = client
         self._store = store
         self._nursery = nursery
-        self._limiter = limiter
         self._origin = origin
         self._watches: dict[ObjectKey, tuple[Reflector, trio.CancelScope]] = {}
         self._immutable: set[ObjectKey] = set()
@@ -155,7 +156,6 @@ class WatchedObjects:
             query=query,
             on_replace=on_replace,
             on_event=on_event,
-            limiter=self._limiter,
         )
         self._watches[key] = (reflector, scope)
 
@@ -189,6 +189,7 @@ class FetchedObjects:
             else cachetools.TTLCache(maxsize=1 << 20, ttl=ttl_s, timer=time.monotonic)
         )
         self._fetches = 0
+        self._fetching = trio.Semaphore(FETCHES_IN_FLIGHT)
         self._read: set[ObjectKey] = set()
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
@@ -224,9 +225,8 @@ class FetchedObjects:
     async def _fetch(self, key: ObjectKey) -> None:
         self._fetches += 1
         try:
-            raw = await trio.to_thread.run_sync(
-                lambda: self._client.get(key.kind, namespace=key.namespace, name=key.name)
-            )
+            async with self._fetching:
+                raw = await self._client.get(key.kind, namespace=key.namespace, name=key.name)
         except FusevolError as exc:
             log.warning("get failed, keeping the last copy object=%s error=%s", key, exc)
             return

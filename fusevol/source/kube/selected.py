@@ -17,8 +17,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-import trio
-
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import Kind, ObjectKey
 
@@ -43,7 +41,6 @@ class SelectedClaims:
             query=Query(Kind.PERSISTENT_VOLUME_CLAIM, None, ""),
             on_replace=self._replace,
             on_event=self._event,
-            limiter=trio.CapacityLimiter(2),
         )
 
     async def run(self) -> None:

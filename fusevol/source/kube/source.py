@@ -69,7 +69,7 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
     from fusevol.base.settings import KubeSettings
-    from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.client import ClientStatistics, KubeClient, Obj
     from fusevol.kube.provisioned import KubeVolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
@@ -79,8 +79,6 @@ log = logging.getLogger(__name__)
 REFERENCE_TIMEOUT_S = 5.0
 """How long a new pod waits for the first copy of its objects before it is delivered anyway (its
 volumes then fail and are retried, like under an API server that does not answer)."""
-WATCH_THREADS = 100_000
-"""Worker threads for blocking list/watch calls: one per open watch, so effectively no limit."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +90,8 @@ class KubeSourceStatistics:
     tokens: TokenStatistics
     events_recorded: int
     events_dropped: int
+    api: ClientStatistics
+    """The connections to the API server and the streams open on them."""
 
 
 class KubeSource:
@@ -115,7 +115,6 @@ class KubeSource:
         self._store = store
         self._settings = settings
         self._origin = client.host
-        self._limiter = trio.CapacityLimiter(WATCH_THREADS)
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
@@ -135,7 +134,6 @@ class KubeSource:
                     client=self._client,
                     store=self._store,
                     nursery=nursery,
-                    limiter=self._limiter,
                     origin=self._origin,
                     on_claim=self._claim_changed,
                 )
@@ -155,7 +153,6 @@ class KubeSource:
                 query=Query(Kind.POD, None, f"spec.nodeName={self._node_name}"),
                 on_replace=self._replace_pods,
                 on_event=self._pod_event,
-                limiter=self._limiter,
             )
             nursery.start_soon(pods.run)
             await pods.synced.wait()
@@ -203,6 +200,7 @@ class KubeSource:
             tokens=self.tokens.statistics(),
             events_recorded=self.events.recorded,
             events_dropped=self.events.dropped,
+            api=self._client.statistics(),
         )
 
     async def _replace_pods(self, items: list[Obj]) -> None:

@@ -130,10 +130,8 @@ class TokenManager:
         self._requests += 1
         token.refresh_at = math.inf  # in flight: run() must not ask again meanwhile
         try:
-            answer = await trio.to_thread.run_sync(
-                lambda: self._client.request_token(
-                    namespace=pod.namespace, service_account=pod.service_account_name, spec=spec
-                )
+            answer = await self._client.request_token(
+                namespace=pod.namespace, service_account=pod.service_account_name, spec=spec
             )
             value = str(answer["status"]["token"]).encode()
             expires_at = _parse_time(str(answer["status"]["expirationTimestamp"]))

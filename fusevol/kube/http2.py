@@ -1,0 +1,491 @@
+"""HTTP/2 to one API server over trio: every request of the agent, watches included, as streams
+of as few connections as the server allows.
+
+What client-go's transport (Go's `http2.Transport`) does for kubelet, in the parts fusevol needs:
+
+- `Pool`: the connections to one origin. A request takes a stream on the first connection with
+  room under the server's `SETTINGS_MAX_CONCURRENT_STREAMS`; only when every connection is full
+  (or has been told GOAWAY) is one more made, so the connections are ceil(streams / the server's
+  limit): one for a node's few hundred watches at kube-apiserver's default of 250 streams. Requests
+  that find no room while a connection is being made wait for it instead of dialling their own,
+  and share its failure: after an API server restart every watch of the agent comes back over one
+  new connection, and an unreachable server costs one refused dial per wave of retries.
+- `Connection`: a reader task reads frames and hands each stream its own; a writer task sends
+  what the HTTP/2 state machine (the `h2` library, sans-IO) has queued, so every other operation
+  is synchronous and never waits for the socket. Flow control: the server's data on a stream is
+  acknowledged (WINDOW_UPDATE) as the caller consumes it, so a slow reader makes the server wait
+  instead of the agent's memory grow; Go's windows (4 MiB a stream, 1 GiB the connection).
+- Health (client-go's `ReadIdleTimeout` and `PingTimeout`): nothing read for 30 s sends a PING; no
+  answer within 15 s closes the connection, failing every stream on it, as a dead peer that never
+  sent a FIN must. A connection without streams for 90 s is closed (Go's `IdleConnTimeout`).
+- GOAWAY (an API server shutting down, or its `--goaway-chance`): the streams it names as
+  processed finish; the others fail retryably; new requests go to another connection.
+
+Failures are `ConnectionLost` (nothing, or not all, came back: retryable). Runs on the trio
+thread only; a connection's tasks are trio system tasks, so that the pool serves any task of the
+agent (the sources, the reconciler's provisioner, the CSI plugin) whatever nursery it runs in.
+
+Excludes: what is sent (`client`: paths, JSON, authentication); HTTP/1.1 (the API server speaks
+HTTP/2 to every client that offers it; `kubectl proxy` does not, and is not supported).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import ssl
+from collections import deque
+from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import trio
+
+from fusevol.base.errors import FusevolError
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+log = logging.getLogger(__name__)
+
+STREAM_WINDOW = 4 << 20
+"""Go's transportDefaultStreamFlow."""
+CONNECTION_WINDOW = (1 << 30) - 65535
+"""Go's transportDefaultConnFlow (1 GiB), above the 64 KiB every connection starts with."""
+READ_IDLE_S = 30.0
+"""client-go's HTTP/2 ReadIdleTimeout: silence this long sends a PING."""
+PING_TIMEOUT_S = 15.0
+"""client-go's PingTimeout: a PING unanswered this long closes the connection."""
+IDLE_CONNECTION_S = 90.0
+"""Go's IdleConnTimeout: a connection without a stream this long is closed."""
+READ_SIZE = 1 << 16
+_MAX_STREAM_ID = (1 << 31) - 1
+
+Header = tuple[bytes, bytes]
+
+
+class ConnectionLost(FusevolError):
+    """The request could not be sent, or its answer was cut (refused, reset, timed out, GOAWAY)."""
+
+
+class Response:
+    """One stream's answer: `status` and `headers` once `Pool.request` returns; the body by
+    `receive()` (or `read()` whole). `close()` (idempotent, never blocks) resets the stream if
+    the answer has not ended, and gives its unread data back to the flow-control windows."""
+
+    __slots__ = ("_chunks", "_connection", "_ended", "_error", "_wakeup", "headers", "id", "status")
+
+    def __init__(self, connection: Connection, stream_id: int) -> None:
+        self._connection = connection
+        self.id = stream_id
+        self.status = 0
+        self.headers: list[Header] = []
+        self._chunks: deque[tuple[bytes, int]] = deque()
+        self._ended = False
+        self._error = ""
+        self._wakeup: trio.Event | None = None
+
+    def header(self, name: bytes) -> bytes:
+        return next((v for k, v in self.headers if k == name), b"")
+
+    async def receive(self) -> bytes:
+        """The next data of the body; b"" at its end."""
+        while not self._chunks:
+            if self._error:
+                raise ConnectionLost(self._error)
+            if self._ended:
+                return b""
+            await self._wait()
+        data, flow = self._chunks.popleft()
+        self._connection._consumed(self.id, flow)
+        return data
+
+    async def read(self) -> bytes:
+        parts = []
+        while data := await self.receive():
+            parts.append(data)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self._connection._close_stream(self, sum(flow for _, flow in self._chunks))
+        self._chunks.clear()
+
+    async def _wait(self) -> None:
+        self._wakeup = trio.Event()
+        await self._wakeup.wait()
+
+    def _wake(self) -> None:
+        if self._wakeup is not None:
+            self._wakeup.set()
+            self._wakeup = None
+
+
+class Connection:
+    """One HTTP/2 connection. Made by `Pool`; see the module docstring."""
+
+    def __init__(self, stream: trio.abc.Stream, pool: Pool, label: str) -> None:
+        self._stream = stream
+        self._pool = pool
+        self.label = label
+        config = h2.config.H2Configuration(client_side=True, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config)
+        self._h2.local_settings = h2.settings.Settings(
+            client=True,
+            initial_values={
+                h2.settings.SettingCodes.ENABLE_PUSH: 0,
+                h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: STREAM_WINDOW,
+                h2.settings.SettingCodes.MAX_HEADER_LIST_SIZE: 1 << 20,
+            },
+        )
+        self._responses: dict[int, Response] = {}
+        self._reserved = 0
+        """Streams promised to requests that are still sending their headers."""
+        self._send_wakeup = trio.Event()
+        self._window_wakeup = trio.Event()
+        self._settings = trio.Event()
+        self._goaway = False
+        self._closed = False
+        self._error = ""
+        self._idle_since = trio.current_time()
+        self.streams_opened = 0
+
+    # -- for the pool ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Send the preface, start the tasks, wait for the server's SETTINGS (its stream limit)."""
+        self._h2.initiate_connection()
+        self._h2.increment_flow_control_window(CONNECTION_WINDOW)
+        trio.lowlevel.spawn_system_task(self._serve, name=f"http2 {self.label}")
+        self._wake_writer()
+        await self._settings.wait()
+        if self._closed:
+            raise ConnectionLost(self._error)
+
+    def has_room(self) -> bool:
+        if self._closed or self._goaway or not self._settings.is_set():
+            return False
+        if (self._h2.highest_outbound_stream_id or 0) >= _MAX_STREAM_ID - 2 * (self._reserved + 1):
+            return False
+        limit = self._h2.remote_settings.max_concurrent_streams
+        return len(self._responses) + self._reserved < limit
+
+    @property
+    def streams(self) -> int:
+        return len(self._responses)
+
+    async def request(self, headers: Sequence[Header], body: bytes | None) -> Response:
+        """Send one request on a new stream (the pool saw `has_room()`); return when its
+        response headers have come."""
+        self._reserved += 1
+        try:
+            stream_id = self._h2.get_next_available_stream_id()
+            self._h2.send_headers(stream_id, headers, end_stream=not body)
+        except h2.exceptions.H2Error as exc:
+            raise ConnectionLost(f"{self.label}: {exc!r}") from None
+        finally:
+            self._reserved -= 1
+        response = Response(self, stream_id)
+        self._responses[stream_id] = response
+        self.streams_opened += 1
+        self._wake_writer()
+        try:
+            if body:
+                await self._send_body(stream_id, body)
+            while not response.status:
+                if response._error:
+                    raise ConnectionLost(response._error)
+                if response._ended:
+                    raise ConnectionLost(f"{self.label}: stream {stream_id} ended without headers")
+                await response._wait()
+        except BaseException:
+            response.close()
+            raise
+        return response
+
+    def close(self, reason: str) -> None:
+        """Fail every stream, say GOAWAY if we can, and close the socket."""
+        if self._closed:
+            return
+        self._closed = True
+        self._error = f"{self.label}: {reason}"
+        for response in self._responses.values():
+            response._error = response._error or self._error
+            response._wake()
+        self._responses.clear()
+        self._settings.set()
+        self._window_wakeup.set()
+        self._pool._forget(self)
+        self._wake_writer()
+
+    # -- for the responses -------------------------------------------------------------------------
+
+    def _consumed(self, stream_id: int, flow: int) -> None:
+        if flow and not self._closed:
+            self._h2.acknowledge_received_data(flow, stream_id)
+            self._wake_writer()
+
+    def _close_stream(self, response: Response, unread: int) -> None:
+        if self._responses.pop(response.id, None) is None:
+            return
+        if not self._responses:
+            self._idle_since = trio.current_time()
+        if self._closed:
+            return
+        if not response._ended and not response._error:
+            with contextlib.suppress(h2.exceptions.H2Error):  # closed by the server meanwhile
+                self._h2.reset_stream(response.id, h2.errors.ErrorCodes.CANCEL)
+        if unread:
+            self._h2.acknowledge_received_data(unread, response.id)
+        self._wake_writer()
+
+    async def _send_body(self, stream_id: int, body: bytes) -> None:
+        view = memoryview(body)
+        while view:
+            room = min(
+                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+            )
+            if room <= 0:
+                self._window_wakeup = trio.Event()
+                await self._window_wakeup.wait()
+                if self._closed:
+                    raise ConnectionLost(self._error)
+                continue
+            chunk, view = view[:room], view[room:]
+            self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            self._wake_writer()
+
+    # -- the connection's tasks --------------------------------------------------------------------
+
+    def _wake_writer(self) -> None:
+        self._send_wakeup.set()
+
+    async def _serve(self) -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(self._write_loop)
+                await self._read_loop()
+                nursery.cancel_scope.cancel()
+        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            self.close(f"connection lost: {exc or type(exc).__name__}")
+        except h2.exceptions.ProtocolError as exc:
+            self.close(f"HTTP/2 protocol error: {exc!r}")
+        except Exception as exc:  # a system task must not raise: it would end the agent
+            log.exception("http2 connection failed connection=%s", self.label)
+            self.close(f"{type(exc).__name__}: {exc}")
+        finally:
+            self.close("closed")
+            with trio.CancelScope(shield=True), trio.move_on_after(1):
+                await trio.aclose_forcefully(self._stream)
+
+    async def _write_loop(self) -> None:
+        while True:
+            await self._send_wakeup.wait()
+            self._send_wakeup = trio.Event()
+            data = self._h2.data_to_send()
+            if data:
+                await self._stream.send_all(data)
+            if self._closed:
+                return
+
+    async def _read_loop(self) -> None:
+        pinged: float | None = None
+        while not self._closed:
+            timeout = READ_IDLE_S if pinged is None else PING_TIMEOUT_S
+            data = None
+            with trio.move_on_after(timeout):
+                data = await self._stream.receive_some(READ_SIZE)
+            if data is None:
+                if pinged is not None:
+                    self.close(f"no answer to a PING in {PING_TIMEOUT_S:g}s")
+                    return
+                if self._idle_expired():
+                    log.debug("http2 connection idle, closing connection=%s", self.label)
+                    self._h2.close_connection()
+                    self.close("idle")
+                    return
+                self._h2.ping(b"fusevol!")
+                self._wake_writer()
+                pinged = trio.current_time()
+                continue
+            if not data:
+                self.close("closed by the server")
+                return
+            pinged = None
+            for event in self._h2.receive_data(data):
+                self._dispatch(event)
+            self._wake_writer()
+
+    def _idle_expired(self) -> bool:
+        return not self._responses and (trio.current_time() - self._idle_since >= IDLE_CONNECTION_S)
+
+    def _dispatch(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.ResponseReceived):
+            response = self._responses.get(event.stream_id)
+            if response is not None:
+                response.headers = [(k, v) for k, v in event.headers if not k.startswith(b":")]
+                response.status = int(dict(event.headers).get(b":status", b"0"))
+                response._wake()
+        elif isinstance(event, h2.events.DataReceived):
+            response = self._responses.get(event.stream_id)
+            if response is None:  # reset by us meanwhile: give the window back
+                self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+            else:
+                response._chunks.append((event.data, event.flow_controlled_length))
+                response._wake()
+        elif isinstance(event, h2.events.StreamEnded):
+            if (response := self._responses.get(event.stream_id)) is not None:
+                response._ended = True
+                response._wake()
+        elif isinstance(event, h2.events.StreamReset):
+            if (response := self._responses.get(event.stream_id)) is not None:
+                code = _error_name(event.error_code)
+                response._error = f"{self.label}: stream reset by the server ({code})"
+                response._wake()
+        elif isinstance(event, h2.events.ConnectionTerminated):
+            self._goaway = True
+            last = event.last_stream_id if event.last_stream_id is not None else 0
+            for stream_id, response in self._responses.items():
+                if stream_id > last:
+                    response._error = f"{self.label}: GOAWAY ({_error_name(event.error_code)})"
+                    response._wake()
+            log.debug(
+                "http2 GOAWAY connection=%s last_stream=%s error=%s",
+                self.label,
+                last,
+                _error_name(event.error_code),
+            )
+        elif isinstance(event, h2.events.RemoteSettingsChanged):
+            self._settings.set()
+        elif isinstance(event, h2.events.WindowUpdated):
+            self._window_wakeup.set()
+
+
+class Pool:
+    """The connections to one origin; `request` from any task on the trio thread."""
+
+    def __init__(
+        self,
+        *,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        server_hostname: str | None = None,
+        connect_timeout_s: float = 10.0,
+    ) -> None:
+        """`ssl_context` None: h2c with prior knowledge (`http://`). Its ALPN must offer h2."""
+        self.host, self.port = host, port
+        self._ssl_context = ssl_context
+        self._server_hostname = server_hostname or host
+        self._connect_timeout_s = connect_timeout_s
+        self._connections: list[Connection] = []
+        self._dialling: _Dial | None = None
+        self.connections_made = 0
+
+    @property
+    def connections(self) -> int:
+        return len(self._connections)
+
+    def streams(self) -> int:
+        return sum(c.streams for c in self._connections)
+
+    async def request(self, headers: Sequence[Header], body: bytes | None = None) -> Response:
+        """Send one request (`headers` with the pseudo-headers); its response once its headers
+        have come. `ConnectionLost` if it could not be sent or answered."""
+        while True:
+            for connection in self._connections:
+                if connection.has_room():
+                    return await connection.request(headers, body)
+            if self._dialling is not None:
+                dial = self._dialling
+                await dial.done.wait()
+                if dial.error:
+                    raise ConnectionLost(dial.error)
+                continue
+            if self._connections:  # all full: a new connection (Go's transport does the same)
+                log.debug(
+                    "http2 connections full, one more server=%s:%d connections=%d streams=%d",
+                    self.host,
+                    self.port,
+                    len(self._connections),
+                    self.streams(),
+                )
+            await self._dial()
+
+    def close(self) -> None:
+        for connection in list(self._connections):
+            connection.close("closed by the client")
+
+    async def _dial(self) -> None:
+        dial = self._dialling = _Dial()
+        try:
+            connection = await self._connect()
+        except ConnectionLost as exc:
+            dial.error = str(exc)
+            raise
+        finally:
+            self._dialling = None
+            dial.done.set()
+        self._connections.append(connection)
+
+    async def _connect(self) -> Connection:
+        where = f"{self.host}:{self.port}"
+        self.connections_made += 1
+        label = f"{where}#{self.connections_made}"
+        stream: trio.abc.Stream | None = None
+        try:
+            with trio.fail_after(self._connect_timeout_s):
+                tcp = await trio.open_tcp_stream(self.host, self.port)
+                stream = tcp
+                if self._ssl_context is not None:
+                    tls = trio.SSLStream(
+                        tcp, self._ssl_context, server_hostname=self._server_hostname
+                    )
+                    stream = tls
+                    await tls.do_handshake()
+                    if tls.selected_alpn_protocol() != "h2":
+                        raise ConnectionLost(
+                            f"{where}: the server does not speak HTTP/2 (ALPN "
+                            f"{tls.selected_alpn_protocol()!r})"
+                        )
+                connection = Connection(stream, self, label)
+                await connection.start()
+        except (OSError, trio.BrokenResourceError, ssl.SSLError) as exc:
+            await _close_quietly(stream)
+            raise ConnectionLost(f"{where}: {exc}") from None
+        except trio.TooSlowError:
+            await _close_quietly(stream)
+            raise ConnectionLost(f"{where}: connect timed out") from None
+        except BaseException:
+            await _close_quietly(stream)
+            raise
+        log.debug("http2 connection made connection=%s", label)
+        return connection
+
+    def _forget(self, connection: Connection) -> None:
+        if connection in self._connections:
+            self._connections.remove(connection)
+
+
+class _Dial:
+    __slots__ = ("done", "error")
+
+    def __init__(self) -> None:
+        self.done = trio.Event()
+        self.error = ""
+
+
+async def _close_quietly(stream: trio.abc.Stream | None) -> None:
+    if stream is not None:
+        with trio.CancelScope(shield=True), trio.move_on_after(1):
+            await trio.aclose_forcefully(stream)
+
+
+def _error_name(code: object) -> str:
+    try:
+        return h2.errors.ErrorCodes(code).name  # type: ignore[arg-type]
+    except ValueError:
+        return str(code)
