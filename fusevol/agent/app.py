@@ -378,11 +378,13 @@ class Agent:
         log.info("handing over: pod volumes stay mounted for the next agent")
         self._publisher_scope.cancel()
         if self._launcher is None:
+            await self._linger_csi(successor=False)
             self.lifecycle.enter(Phase.STOPPED, "no launcher: nothing answers for the pod binds")
             return
         if self._successor is not None:  # a rollout: the next agent is waiting for it
             self._let_go(lock, retire=True)
             await give_connection(self._successor, self)
+            await self._linger_csi(successor=True)
             self.lifecycle.enter(Phase.STOPPED, "the next agent took the connection over")
             return
         outcome = False
@@ -392,6 +394,7 @@ class Agent:
                 let_go=lambda: self._let_go(lock),
                 connection=self if self._connection else None,
             )
+        await self._linger_csi(successor=outcome and not self._lame_duck.cancel_called)
         if self.lifecycle.phase is Phase.HANDING_OVER:
             why = "ended before it could let go"
         elif self._lame_duck.cancel_called:
@@ -399,6 +402,12 @@ class Agent:
         else:
             why = "the next agent holds on" if outcome else "no successor came"
         self.lifecycle.enter(Phase.STOPPED, why)
+
+    async def _linger_csi(self, *, successor: bool) -> None:
+        """The CSI server outlives a handing-over stop until the `successor`'s replaces it,
+        answering kubelet's Node calls through it meanwhile (fusevol.csi.server)."""
+        if self.csi is not None:
+            await self.csi.linger() if successor else await self.csi.linger(timeout_s=0)
 
     async def _tear_down(self, predecessor: Predecessor | None) -> None:
         """SIGINT's stop: every pod volume unmounted, the pod directories removed."""

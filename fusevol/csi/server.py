@@ -16,8 +16,12 @@ untyped, and seven typed lines say the same. Messages are generated from `csi.pr
     `<kubelet dir>/plugins_registry/fusevol.io-reg.sock`, what node-driver-registrar answers)
               GetInfo                   a CSIPlugin named fusevol.io at the CSI socket, CSI 1.0.0
               NotifyRegistrationStatus  kubelet's verdict, logged
-A successor (a rollout) replaces the registration socket with its own in one rename; a stop that
-hands over leaves it for the successor, a tear-down removes it (kubelet then forgets the driver).
+A successor (a rollout, an upgrade-restart) replaces both sockets with its own, each in one rename
+(bound aside first): kubelet never finds either path missing. A stop that hands over leaves them
+for the successor, and the stopping agent's server stays up (`linger`) until the successor's CSI
+socket has replaced ours: a Node call that reaches us meanwhile, or that our stop interrupted,
+waits for it and is forwarded to it, so that a pod created during a rollout gets its volume
+without a kubelet retry. A tear-down removes both sockets (kubelet then forgets the driver).
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ import contextlib
 import logging
 import os
 import stat
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import grpc
+import inotify_simple
 import trio
 from google.protobuf import wrappers_pb2
 
@@ -52,6 +58,10 @@ log = logging.getLogger(__name__)
 WORKERS = 8
 """gRPC worker threads: kubelet makes few concurrent calls; each blocked one holds a thread."""
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
+LINGER_S = 30.0
+"""How long a handing-over stop waits for its successor's CSI socket, forwarding Node calls."""
+FORWARD_GRACE_S = 30.0
+"""How long it then still gives the forwarded calls in flight to get their answers."""
 
 
 def socket_path(endpoint: str) -> Path:
@@ -81,22 +91,26 @@ class CsiServer:
         self._registration = registration
         self._handing_over = handing_over
         self._token: trio.lowlevel.TrioToken | None = None
+        self._kept: grpc.Server | None = None
+        """Our CSI server, kept running by a handing-over stop until `linger` ends."""
+        self._inode = 0
+        """Our CSI socket's: a successor's has another."""
+        self._forwarding = threading.Event()
+        """Set by a handing-over stop: Node calls go to the successor (`_forward`)."""
+        self._replaced = threading.Event()
+        """Set once the successor's socket is in place, or `linger` gave up waiting for it."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: restore the recorded targets, then listen."""
         self._token = trio.lowlevel.current_trio_token()
         await self.node.restore()
-        await trio.to_thread.run_sync(_remove_stale_socket, self.path)
+        await trio.to_thread.run_sync(_check_socket_path, self.path)
         server = grpc.server(
             ThreadPoolExecutor(max_workers=WORKERS, thread_name_prefix="csi"),
             handlers=self._handlers(),
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        try:
-            server.add_insecure_port(f"unix:{self.path}")
-        except RuntimeError as exc:
-            raise FusevolError(f"csi: cannot listen on {self.path}: {exc}") from None
-        server.start()
+        self._inode = await trio.to_thread.run_sync(_listen_in_place, server, self.path)
         registered: tuple[grpc.Server, int] | None = None
         try:
             log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
@@ -105,14 +119,31 @@ class CsiServer:
             task_status.started()
             await trio.sleep_forever()
         finally:
-            server.stop(grace=None)  # cancels calls in flight; kubelet retries them
-            with contextlib.suppress(FileNotFoundError):
-                self.path.unlink()
+            if self._handing_over():  # the successor replaces both sockets; we serve on
+                self._kept = server
+                self._forwarding.set()
+            else:
+                server.stop(grace=None)  # cancels calls in flight; kubelet retries them
+                unlink_if_same(self.path, self._inode)
             if registered is not None and self._registration is not None:
                 registration_server, inode = registered
                 registration_server.stop(grace=None)
                 if not self._handing_over():  # else the successor's replaces it
                     unlink_if_same(self._registration, inode)
+
+    async def linger(self, timeout_s: float = LINGER_S) -> None:
+        """After a handing-over stop: wait until the successor's CSI socket replaces ours (or
+        `timeout_s`), forwarding the Node calls that reach us meanwhile (`_forward`), then stop
+        once those in flight have their answers. No-op after any other stop."""
+        server, self._kept = self._kept, None
+        if server is None:
+            return
+        with trio.move_on_after(timeout_s):
+            await _wait_replaced(self.path, self._inode)
+        if not self._is_replaced() and timeout_s > 0:
+            log.warning("no successor took the CSI socket over within %.0f s", timeout_s)
+        self._replaced.set()
+        await trio.to_thread.run_sync(lambda: server.stop(grace=FORWARD_GRACE_S).wait())
 
     def _register(self, path: Path) -> tuple[grpc.Server, int]:
         """Answer kubelet's plugin watcher at `path` (GetInfo, NotifyRegistrationStatus): what
@@ -164,6 +195,8 @@ class CsiServer:
         )
 
     def _handlers(self) -> list[grpc.GenericRpcHandler]:
+        publish = "/csi.v1.Node/NodePublishVolume"
+        unpublish = "/csi.v1.Node/NodeUnpublishVolume"
         identity = {
             "GetPluginInfo": _unary(pb.GetPluginInfoRequest, self._get_plugin_info),
             "GetPluginCapabilities": _unary(
@@ -174,8 +207,14 @@ class CsiServer:
         node = {
             "NodeGetInfo": _unary(pb.NodeGetInfoRequest, self._node_get_info),
             "NodeGetCapabilities": _unary(pb.NodeGetCapabilitiesRequest, self._node_capabilities),
-            "NodePublishVolume": _unary(pb.NodePublishVolumeRequest, self._publish),
-            "NodeUnpublishVolume": _unary(pb.NodeUnpublishVolumeRequest, self._unpublish),
+            "NodePublishVolume": _unary(
+                pb.NodePublishVolumeRequest,
+                self._or_successor(publish, self._publish, pb.NodePublishVolumeResponse),
+            ),
+            "NodeUnpublishVolume": _unary(
+                pb.NodeUnpublishVolumeRequest,
+                self._or_successor(unpublish, self._unpublish, pb.NodeUnpublishVolumeResponse),
+            ),
         }
         return [
             grpc.method_handlers_generic_handler("csi.v1.Identity", identity),
@@ -255,7 +294,57 @@ class CsiServer:
             log.info("csi call refused code=%s error=%s", exc.code.value, exc)
             context.abort(grpc.StatusCode[exc.code.value], str(exc))
         except (trio.RunFinishedError, trio.Cancelled):
+            if self._forwarding.is_set():
+                raise _Interrupted from None
             context.abort(grpc.StatusCode.UNAVAILABLE, "the fusevol agent is stopping")
+
+    def _or_successor(
+        self,
+        method: str,
+        handler: Callable[[Any, grpc.ServicerContext], Message],
+        response_type: type[Message],
+    ) -> Callable[[Any, grpc.ServicerContext], Message]:
+        """`handler`, or once a handing-over stop began (or interrupted it), the successor's."""
+
+        def call(request: Message, context: grpc.ServicerContext) -> Message:
+            if not self._forwarding.is_set():
+                with contextlib.suppress(_Interrupted):
+                    return handler(request, context)
+            return self._forward(method, request, response_type, context)
+
+        return call
+
+    def _forward(
+        self,
+        method: str,
+        request: Message,
+        response_type: type[Message],
+        context: grpc.ServicerContext,
+    ) -> Message:
+        """Wait for the successor's socket (`linger`), then make the same call there."""
+        if not self._replaced.wait(context.time_remaining()) or not self._is_replaced():
+            context.abort(grpc.StatusCode.UNAVAILABLE, "the fusevol agent is stopping")
+        try:
+            with grpc.insecure_channel(f"unix:{self.path}") as channel:
+                forward: grpc.UnaryUnaryMultiCallable[Message, Message] = channel.unary_unary(
+                    method,
+                    request_serializer=lambda message: message.SerializeToString(),
+                    response_deserializer=response_type.FromString,
+                )
+                answer: Message = forward(request, timeout=context.time_remaining())
+        except grpc.RpcError as exc:
+            context.abort(exc.code(), exc.details() or "")
+        log.info("csi call forwarded to the next agent method=%s", method)
+        return answer
+
+    def _is_replaced(self) -> bool:
+        with contextlib.suppress(FileNotFoundError):
+            return os.lstat(self.path).st_ino != self._inode
+        return False
+
+
+class _Interrupted(Exception):
+    """A Node call our handing-over stop cancelled: the successor answers it instead."""
 
 
 def _unary(
@@ -268,8 +357,9 @@ def _unary(
     )
 
 
-def _remove_stale_socket(path: Path) -> None:
-    """A previous agent's socket (a crash leaves it): removed; anything else is refused."""
+def _check_socket_path(path: Path) -> None:
+    """A previous agent's socket there (a crash, a predecessor) is replaced by ours; anything
+    else is refused."""
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         mode = os.lstat(path).st_mode
@@ -277,4 +367,31 @@ def _remove_stale_socket(path: Path) -> None:
         return
     if not stat.S_ISSOCK(mode):
         raise FusevolError(f"csi: {path} exists and is not a socket")
-    path.unlink()
+
+
+def _listen_in_place(server: grpc.Server, path: Path) -> int:
+    """Start `server` on a socket bound aside and renamed to `path` (a predecessor's replaced in
+    one step: a connect never finds the path missing); returns its inode."""
+    aside = path.with_name(f".csi.{os.getpid()}")  # short: a socket's path has 107 bytes
+    with contextlib.suppress(FileNotFoundError):
+        aside.unlink()
+    try:
+        server.add_insecure_port(f"unix:{aside}")
+    except RuntimeError as exc:
+        raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
+    server.start()
+    inode = os.lstat(aside).st_ino
+    os.replace(aside, path)
+    return inode
+
+
+async def _wait_replaced(path: Path, inode: int) -> None:
+    """Until `path` is another socket than `inode` (a successor renamed its own there)."""
+    with inotify_simple.INotify() as watch:
+        watch.add_watch(path.parent, inotify_simple.flags.MOVED_TO | inotify_simple.flags.CREATE)
+        while True:
+            with contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_ino != inode:
+                    return
+            await trio.lowlevel.wait_readable(watch.fileno())
+            watch.read(timeout=0)

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import base64
 import json
+import signal
 import subprocess
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -18,7 +20,7 @@ from fusevol.csi import registration_pb2 as reg
 from tests import kubelet_reference
 from tests.agent import mounts_below, wait_for
 from tests.csi.conftest import UID, csi_volume, pod
-from tests.csi.kubelet import Obj, is_mount_point, volume_handle
+from tests.csi.kubelet import Kubelet, Obj, is_mount_point, volume_handle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -353,3 +355,66 @@ def test_the_agent_registers_the_driver_with_kubelets_plugin_watcher(
         wait_for(lambda: "csi driver registered with kubelet" in agent.log_text())
         assert kubelet.register() == ("fusevol.io", "test-node")
     assert not registration.exists()
+
+
+def test_publishes_during_a_rollout_succeed_at_the_first_call(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """A rollout (a second agent started with `--replace` while the first serves) never leaves
+    kubelet without a CSI server: the successor's socket replaces ours in one rename, and the
+    calls that reach the stopping agent meanwhile wait for it and are forwarded there. kubelet
+    publishes and unpublishes all the while: every call succeeds at once (kubelet would retry a
+    failed one after 500 ms), and the published set ends exact."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    volumes = [csi_volume("config", configMap="app")]
+    pods = [
+        pod(f"web-{i}", f"eeeeeeee-0000-4000-8000-{i:012d}", volumes=volumes) for i in range(400)
+    ]
+    for each in pods:
+        api.create(each)
+    failures: list[str] = []
+    calls: list[float] = []
+    stop = threading.Event()
+
+    def kubelet_calls(kubelet: Kubelet) -> None:
+        for each in pods:
+            if stop.is_set():
+                return
+            try:
+                assert (kubelet.publish(each, "config") / "a").read_text() == "1"
+                kubelet.unpublish(each, "config")
+                kubelet.publish(each, "config")
+            except (grpc.RpcError, OSError, AssertionError) as exc:
+                failures.append(f"{each['metadata']['name']}: {exc}")
+            calls.append(time.monotonic())
+            time.sleep(0.02)
+
+    with csi_agent("--replace") as (first, kubelet):
+        caller = threading.Thread(target=kubelet_calls, args=(kubelet,), daemon=True)
+        caller.start()
+        try:
+            wait_for(lambda: len(calls) >= 5)
+            started = time.monotonic()
+            with csi_agent("--replace") as (second, _):
+                ready = time.monotonic()
+                first.wait_agent_gone(30)  # its CSI server lingered until ours took over
+                wait_for(lambda: len([at for at in calls if at > ready]) >= 5, timeout_s=20)
+                stop.set()
+                caller.join(timeout=30)
+                during = len([at for at in calls if started <= at <= ready])
+                assert "-> transferring" in first.log_text()
+                forwarded = first.log_text().count("csi call forwarded to the next agent")
+                record = json.loads((second.root / "fusevol" / "csi.json").read_text())
+                published = {e["volumeId"] for e in record["published"]}
+                done = {volume_handle(p["metadata"]["uid"], "config") for p in pods[: len(calls)]}
+                assert published == done
+                for each in pods[: len(calls)]:
+                    kubelet.unpublish(each, "config")
+                second.stop()
+        finally:
+            stop.set()
+            caller.join(timeout=30)
+            assert first.process is not None
+            first.process.send_signal(signal.SIGTERM)  # the retired launcher: the old pod goes
+    assert failures == [], failures[:5]
+    print(f"{len(calls)} rounds, {during} during the rollout, {forwarded} forwarded, 0 failed")
