@@ -109,6 +109,8 @@ class Request:
     method: str
     path: str
     query: dict[str, str]
+    at: float = field(default_factory=time.monotonic, compare=False)
+    """When it came (`time.monotonic()`)."""
 
     @property
     def watch(self) -> bool:
@@ -157,8 +159,8 @@ class ApiServer:
         self._watches: list[_Watch] = []
         self._server: H2Server | None = None
         self._accepted_before = 0
-        self.max_streams_seen = 0
-        self.protocol_errors: list[str] = []
+        self._max_streams_seen = 0
+        self._protocol_errors: list[str] = []
         self.port = 0
 
     # -- lifecycle ---------------------------------------------------------------------------------
@@ -195,6 +197,17 @@ class ApiServer:
         return self._server.open_connections if self._server else 0
 
     @property
+    def max_streams_seen(self) -> int:
+        """The most streams one connection carried at once, since the first start."""
+        return max(self._max_streams_seen, self._server.max_streams_seen if self._server else 0)
+
+    @property
+    def protocol_errors(self) -> list[str]:
+        """HTTP/2 protocol errors of clients (more streams than allowed, ...), since the first
+        start: a connection with one is closed."""
+        return self._protocol_errors + (self._server.protocol_errors if self._server else [])
+
+    @property
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
@@ -212,8 +225,8 @@ class ApiServer:
         return path
 
     def _server_stopped(self, server: H2Server) -> None:
-        self.max_streams_seen = max(self.max_streams_seen, server.max_streams_seen)
-        self.protocol_errors += server.protocol_errors
+        self._max_streams_seen = max(self._max_streams_seen, server.max_streams_seen)
+        self._protocol_errors += server.protocol_errors
 
     def _refuse(self) -> bool:
         if self.fault != "drop":

@@ -203,15 +203,19 @@ class _Connection:
                 continue
             chunk, view = view[:room], view[room:]
             self._h2.send_data(stream.id, bytes(chunk), end_stream=end and not view)
+            if end and not view:
+                self._streams.pop(stream.id, None)  # closed for h2 once both sides ended
             await self._flush()
         if end and not data and not stream.closed:
             self._h2.end_stream(stream.id)
+            self._streams.pop(stream.id, None)
             await self._flush()
 
     async def reset(self, stream: ServerStream) -> None:
         if not stream.closed:
             stream.closed = True
             self._h2.reset_stream(stream.id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            self._streams.pop(stream.id, None)
             await self._flush()
 
     async def _flush(self) -> None:

@@ -8,6 +8,7 @@ server's Python methods, as a controller would through the API.
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -48,14 +49,22 @@ def api() -> Iterator[ApiServer]:
 
 
 @pytest.fixture
-def kube_agent(api: ApiServer, tmp_path: Path) -> Callable[..., Any]:
+def kube_agent(api: ApiServer, kube_agent_on: Callable[..., Any]) -> Callable[..., Any]:
     """`with kube_agent(*args) as agent:` runs the agent on `api`; a clean stop is checked.
     `expect_log`: as `tests.agent.running_agent`'s."""
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    return functools.partial(kube_agent_on, api)
+
+
+@pytest.fixture
+def kube_agent_on(tmp_path: Path) -> Callable[..., Any]:
+    """`with kube_agent_on(server, *args) as agent:` as `kube_agent`, on an API server the test
+    made itself."""
 
     @contextlib.contextmanager
-    def start(*args: str, expect_log: tuple[str, ...] = ()) -> Iterator[AgentProcess]:
-        config = ("--kubeconfig", str(kubeconfig))
+    def start(
+        server: ApiServer, *args: str, expect_log: tuple[str, ...] = ()
+    ) -> Iterator[AgentProcess]:
+        config = ("--kubeconfig", str(server.write_kubeconfig(tmp_path / "kubeconfig")))
         with running_agent(None, tmp_path / "root", *config, *args, expect_log=expect_log) as a:
             yield a
             a.stop()

@@ -95,9 +95,9 @@ def test_410_gone_relists_and_converges(api: ApiServer, kube_agent: Callable[...
         agent.expect_log("watch failed ")
         volume = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
         lists = api.count("GET", "configmaps", watch=False)
+        api.cut_watches()  # the watches die now; the agent comes back after its backoff...
         api.update(configmap("app", {"a": "2"}))
-        api.compact()  # the update's event is gone from history
-        api.cut_watches()
+        api.compact()  # ...to find the update's event gone from history
         wait_for(lambda: read(volume / "a") == "2" and read(volume / "b") is None, timeout_s=10)
         assert api.count("GET", "configmaps", watch=False) == lists + 1
         assert "watch expired, relisting" in agent.log_text()

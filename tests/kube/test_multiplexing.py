@@ -1,0 +1,149 @@
+"""The agent's API traffic over few HTTP/2 connections: watches are streams, not connections.
+
+kubelet watches each ConfigMap and Secret its pods use one by one, as streams of one HTTP/2
+connection (client-go). The loopback API server speaks HTTP/2 as kube-apiserver does and counts
+the TCP connections it accepts and the streams each carries, so these tests fail on an agent
+that opens a connection per watch, on one that ignores the server's limit of concurrent streams
+(the server's HTTP/2 layer treats that as the protocol error it is), and on a restart of the API
+server that brings the watches back on more than one new connection, or all at the same instant.
+The agent's threads are counted in the agent process (a thread per watch is the old design).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.agent import wait_for
+from tests.helpers.apiserver import ApiServer, running_apiserver
+from tests.kube.conftest import configmap, configmap_volume, pod
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from pathlib import Path
+
+    from tests.agent import AgentProcess
+
+PODS = 250
+"""Each with a ConfigMap and a Secret of its own: 500 watched objects."""
+OTHER_WATCHES = 3
+"""The node's pods, the PVs it provisioned, the claims selected for it."""
+MAX_THREADS = 64
+
+
+def secret(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {"kind": "Secret", "metadata": {"name": name}, "stringData": data}
+
+
+def uid(i: int) -> str:
+    return f"cccccccc-0000-4000-8000-{i:012d}"
+
+
+def populate(api: ApiServer, pods: int) -> None:
+    for i in range(pods):
+        api.create(configmap(f"cm-{i}", {"a": f"{i}"}))
+        api.create(secret(f"s-{i}", {"k": f"{i}"}))
+        volumes = [
+            configmap_volume("config", f"cm-{i}"),
+            {"name": "creds", "secret": {"secretName": f"s-{i}"}},
+        ]
+        api.create(pod(f"p-{i}", uid(i), volumes=volumes))
+
+
+def threads(agent: AgentProcess) -> int:
+    with open(f"/proc/{agent.pid}/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("Threads:"))
+
+
+def all_mounted(agent: AgentProcess, pods: int) -> bool:
+    states = [v["state"] for p in agent.snapshot()["pods"] for v in p["volumes"]]
+    return len(states) == 2 * pods and set(states) == {"mounted"}
+
+
+@pytest.fixture
+def many_watches_api(request: pytest.FixtureRequest) -> Iterator[ApiServer]:
+    with running_apiserver(max_streams=request.param) as server:
+        populate(server, PODS)
+        yield server
+
+
+@pytest.mark.parametrize(
+    "many_watches_api",
+    [
+        pytest.param(1000, id="1000-streams"),  # --http2-max-streams-per-connection=1000
+        pytest.param(250, id="250-streams"),  # kube-apiserver's default
+    ],
+    indirect=True,
+)
+def test_500_watched_objects_are_streams_of_as_few_connections_as_the_server_allows(
+    many_watches_api: ApiServer, tmp_path: Path, kube_agent_on: Any
+) -> None:
+    api = many_watches_api
+    with kube_agent_on(api) as agent:
+        watches = 2 * PODS + OTHER_WATCHES
+        wait_for(lambda: len(api.open_watches()) == watches, timeout_s=120)
+        wait_for(lambda: all_mounted(agent, PODS), timeout_s=120)
+        # An edit still arrives on its stream among 500 others.
+        api.update(configmap("cm-7", {"a": "edited"}))
+        key = agent.volume(uid(7), "configmap", "config") / "a"
+        wait_for(lambda: key.read_text() == "edited", timeout_s=10)
+        connections = api.connections()
+        stats = agent.live_statistics()["source"]["api"]
+        agent_threads = threads(agent)
+    print(
+        f"max_streams={api.max_streams}: {watches} watches over {connections} connection(s), "
+        f"at most {api.max_streams_seen} streams on one; agent threads {agent_threads}"
+    )
+    assert api.protocol_errors == []  # the server's stream limit was respected
+    if api.max_streams >= watches + 64:  # room for every watch and the requests in flight
+        assert connections <= 2
+        assert api.max_streams_seen >= watches  # all of them on one connection
+    else:  # ceil(streams / limit), the requests in flight (at most 64) included
+        assert connections <= math.ceil((watches + 64) / api.max_streams)
+        assert api.max_streams_seen == api.max_streams
+    assert stats["connections_made"] == connections
+    assert agent_threads <= MAX_THREADS
+
+
+def test_an_api_server_restart_brings_every_watch_back_over_one_connection_jittered(
+    tmp_path: Path, kube_agent_on: Any
+) -> None:
+    pods = 50
+    with running_apiserver() as api:
+        populate(api, pods)
+        with kube_agent_on(api) as agent:
+            agent.expect_log("watch failed ")
+            watches = 2 * pods + OTHER_WATCHES
+            wait_for(lambda: len(api.open_watches()) == watches, timeout_s=60)
+            wait_for(lambda: all_mounted(agent, pods), timeout_s=60)
+            before, requests = api.connections(), len(api.requests)
+            api.stop()
+            api.update(configmap("cm-3", {"a": "changed while away"}))
+            stopped = time.monotonic()
+            api.start()  # its watch cache starts now: every resume gets 410 Gone, then relists
+            wait_for(lambda: len(api.open_watches()) == watches, timeout_s=30)
+            resumed_s = time.monotonic() - stopped
+            key = agent.volume(uid(3), "configmap", "config") / "a"
+            wait_for(lambda: key.read_text() == "changed while away", timeout_s=10)
+            after = api.requests[requests:]
+            assert all(
+                v["state"] == "mounted" for p in agent.snapshot()["pods"] for v in p["volumes"]
+            )
+        new_connections = api.connections() - before
+    lists = [r for r in after if r.method == "GET" and not r.watch]
+    first_watches: dict[tuple[str, str | None], float] = {}
+    for r in after:
+        if r.watch:
+            first_watches.setdefault((r.path, r.query.get("fieldSelector")), r.at)
+    spread_s = max(first_watches.values()) - min(first_watches.values())
+    print(
+        f"restart: {watches} watches resumed in {resumed_s:.1f}s over {new_connections} "
+        f"connection(s), {len(lists)} lists, first re-watches spread over {spread_s:.2f}s"
+    )
+    assert new_connections == 1
+    assert resumed_s < 10
+    assert len(lists) <= watches  # one relist per watch (410 Gone), none repeated
+    assert spread_s >= 0.2  # jittered (client-go's backoff: 0.8 s to 1.6 s), not one instant
