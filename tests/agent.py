@@ -270,10 +270,10 @@ class AgentProcess:
 
     def http_get(self, path: str) -> tuple[int, str]:
         """GET `path` from the agent's HTTP server: (status, body)."""
-        match = re.search(r"http listening address=\S*:(\d+)", self.log_text())
-        assert match, "the agent logged no HTTP address"
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{match[1]}{path}", timeout=5) as r:
+        ports = re.findall(r"http listening address=\S*:(\d+)", self.log_text())
+        assert ports, "the agent logged no HTTP address"
+        try:  # the last agent's: a restart on the same root appends to the same log
+            with urllib.request.urlopen(f"http://127.0.0.1:{ports[-1]}{path}", timeout=5) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()

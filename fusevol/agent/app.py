@@ -63,6 +63,7 @@ from fusevol.fuse.session import Connection, serve
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
 from fusevol.observe import component_metrics
+from fusevol.observe.frozen import FrozenVolumes
 from fusevol.observe.http import HealthServer
 from fusevol.observe.metrics import Metrics
 from fusevol.observe.status import StatusReporter
@@ -145,6 +146,13 @@ class Agent:
         self.provisioner = HostPathProvisioner(
             root=root, node_name=settings.node_name, store=self.store, recorder=built.recorder
         )
+        self.frozen = FrozenVolumes(
+            root=root,
+            kubelet_dir=settings.csi.kubelet_dir if settings.csi is not None else None,
+            desired=self.desired,
+            warn=self.source.volume_frozen,
+            changed=lambda: self.status.changed(),
+        )
         self.status = StatusReporter(
             root=root,
             node_name=settings.node_name,
@@ -153,6 +161,7 @@ class Agent:
             executor=self.executor,
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
+            frozen=self.frozen.snapshot,
             at_rest=self._tidy,
         )
         self.reconciler = Reconciler(
@@ -191,6 +200,7 @@ class Agent:
             store=self.store,
             tree=self.tree,
             operations=self.operations,
+            frozen=self.frozen.gauges,
         )
         # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
         self.csi: CsiServer | None = None
@@ -362,6 +372,7 @@ class Agent:
             await nursery.start(hear)
             if not self._holder_has_it:  # a holder that started meanwhile asked nobody
                 self._offer_to_holder()
+        nursery.start_soon(self.frozen.run)  # binds of a connection we could not take over
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
         self._mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)

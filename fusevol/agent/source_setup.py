@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
     from fusevol.base.settings import Settings
     from fusevol.csi.node import Tracker
+    from fusevol.model import Pod
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
@@ -35,6 +36,9 @@ class Source(Protocol):
 
     def volume_failed(self, volume: VolumeToServe, error: str) -> None:
         """Record a failed set-up or refresh where the source's users see it."""
+
+    def volume_frozen(self, pod: Pod, spec_name: str, message: str) -> None:
+        """Record that a container reads the pod's volume through a dead connection."""
 
     def statistics(self) -> Any:
         """A frozen dataclass of counters, for the status snapshot."""

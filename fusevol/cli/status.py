@@ -145,6 +145,9 @@ def render(status: dict[str, Any]) -> str:
             if volume["next_retry_in_s"] is not None:
                 line += f"  (retry in {volume['next_retry_in_s']:.1f}s)"
             lines.append(line)
+    for frozen in status.get("frozen_volumes", []):
+        pod = f"{frozen['namespace']}/{frozen['pod']}" if frozen["pod"] else frozen["uid"]
+        lines.append(f"FROZEN pod {pod}: {frozen['message']}")
     return "\n".join(lines)
 
 

@@ -82,14 +82,19 @@ class EventRecorder:
 
     def failed_mount(self, pod: Pod, spec_name: str, error: str) -> None:
         """Record kubelet's FailedMount event for volume `spec_name` of `pod`. Never blocks."""
-        message = f'MountVolume.SetUp failed for volume "{spec_name}" : {error}'
+        self.warning(
+            pod, "FailedMount", f'MountVolume.SetUp failed for volume "{spec_name}" : {error}'
+        )
+
+    def warning(self, pod: Pod, reason: str, message: str) -> None:
+        """Record a Warning event on `pod` (rate-limited per pod). Never blocks."""
         bucket = self._buckets.setdefault(pod.uid, _Bucket(at=time.monotonic()))
         if not bucket.take(time.monotonic()):
             self.dropped += 1
             log.debug("event dropped (rate limit) pod=%s/%s", pod.namespace, pod.name)
             return
         try:
-            self._send.send_nowait(_Event(pod, "FailedMount", message))
+            self._send.send_nowait(_Event(pod, reason, message))
         except trio.WouldBlock:
             self.dropped += 1
 

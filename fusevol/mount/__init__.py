@@ -8,6 +8,7 @@
     gitrepo       kubelet's git_repo plugin
     table         the mount table as the agent knows it
     mountinfo     the parser of /proc/self/mountinfo
+    frozen        pod volume binds of a FUSE connection no agent serves, and who still reads them
     syscalls      mount(2) and umount2(2), with no trio
     batch         calls run in batches (a group commit)
     mount_helper  the helper process that makes binds and unmounts in batches

@@ -2,6 +2,7 @@
 
 `http` (/healthz, /readyz, /metrics and /status), `metrics` (the Prometheus registry and metric
 types, kubelet's names where kubelet has one; the only user of prometheus_client),
-`component_metrics` (what each component tells Prometheus, read on every scrape) and `status`
-(the snapshot `fusevol status` reads, written when the reconciler is quiet).
+`component_metrics` (what each component tells Prometheus, read on every scrape), `status`
+(the snapshot `fusevol status` reads, written when the reconciler is quiet) and `frozen` (frozen
+volumes named in the status, the metrics and a Warning event).
 """

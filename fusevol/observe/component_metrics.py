@@ -31,8 +31,10 @@ def register(
     store: ObjectStore,
     tree: Tree,
     operations: Operations,
+    frozen: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
 ) -> None:
-    """Add the gauges and counters that are read from the components on every scrape."""
+    """Add the gauges and counters that are read from the components on every scrape;
+    `frozen()`: `fusevol_frozen_volumes` (`fusevol.observe.frozen`)."""
 
     def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
         for state, names in (
@@ -47,6 +49,13 @@ def register(
         "Volumes in the desired and actual state of world",
         ["plugin_name", "state"],
         volumes_by_state,
+    )
+    metrics.add_gauge(
+        "fusevol_frozen_volumes",
+        "Pod volumes bound to a FUSE connection no agent serves, by pod: the containers reading"
+        " them (1 where the agent cannot see them)",
+        ["namespace", "pod", "volume"],
+        frozen,
     )
     metrics.add_counter(
         "fusevol_fuse_requests",

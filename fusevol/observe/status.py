@@ -43,6 +43,7 @@ class StatusReporter:
         executor: Executor,
         statistics: Callable[[], dict[str, Any]] = dict,
         object_versions: Callable[[VolumeToServe], dict[str, str | None]] = lambda _: {},
+        frozen: Callable[[], list[dict[str, Any]]] = list,
         min_interval_s: float = 0.2,
         at_rest: Callable[[], None] = lambda: None,
     ) -> None:
@@ -56,6 +57,7 @@ class StatusReporter:
         self._executor = executor
         self._statistics = statistics
         self._object_versions = object_versions
+        self._frozen = frozen
         self._min_interval_s = min_interval_s
         self._at_rest = at_rest
         self._dirty = trio.Event()
@@ -197,6 +199,7 @@ class StatusReporter:
             "node": self._node_name,
             "written_at": time.time(),
             "pods": sorted(pods.values(), key=lambda p: (p["namespace"], p["name"], p["uid"])),
+            "frozen_volumes": self._frozen(),
             "statistics": self._statistics(),
         }
 

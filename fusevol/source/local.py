@@ -141,6 +141,9 @@ class ManifestSource:
         """Nothing to record: a manifest directory has no events (the executor logs the error
         and `fusevol status` shows it)."""
 
+    def volume_frozen(self, pod: Pod, spec_name: str, message: str) -> None:
+        """Nothing to record (no events here): the agent logs it and `fusevol status` shows it."""
+
     def statistics(self) -> ManifestSourceStatistics:
         return ManifestSourceStatistics(
             files=len(self._files),

@@ -190,6 +190,10 @@ class KubeSource:
         if volume.target is None:
             self.events.failed_mount(volume.pod, volume.spec_name, error)
 
+    def volume_frozen(self, pod: Pod, spec_name: str, message: str) -> None:
+        """A Warning event `FrozenVolume` on the pod (fusevol.observe.frozen)."""
+        self.events.warning(pod, "FrozenVolume", message)
+
     def statistics(self) -> KubeSourceStatistics:
         stats = self._pod_reflector.stats if self._pod_reflector is not None else None
         return KubeSourceStatistics(

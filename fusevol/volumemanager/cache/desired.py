@@ -132,6 +132,12 @@ class DesiredState:
     def pods(self) -> tuple[Pod, ...]:
         return tuple(self._pods.values())
 
+    def pod(self, uid: PodUID) -> Pod | None:
+        """The pod `uid`, from the source or as a CSI publish named it; None if unknown."""
+        if (pod := self._pods.get(uid)) is not None:
+            return pod
+        return next((v.pod for v in self._csi.values() if v.pod.uid == uid), None)
+
     def volumes_to_serve(self) -> tuple[VolumeToServe, ...]:
         return (*self._volumes.values(), *self._csi_resolved.values())
 
