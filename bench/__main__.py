@@ -12,6 +12,9 @@ Rows, each from one module of this package (run alone for details):
        per pod volume with 2000 pods vs 500
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
   6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
+
+Run alone, not in this table (it needs containerd and runc): reader pauses when the agent is
+replaced (a rollout, a deleted agent pod with and without the holder)         rollout.py
 """
 
 from __future__ import annotations
