@@ -18,8 +18,9 @@ What client-go's transport (Go's `http2.Transport`) does for kubelet, in the par
 - Health (client-go's `ReadIdleTimeout` and `PingTimeout`): nothing read for 30 s sends a PING; no
   answer within 15 s closes the connection, failing every stream on it, as a dead peer that never
   sent a FIN must. A connection without streams for 90 s is closed (Go's `IdleConnTimeout`).
-- GOAWAY (an API server shutting down, or its `--goaway-chance`): the streams it names as
-  processed finish; the others fail retryably; new requests go to another connection.
+- GOAWAY (an API server shutting down, or its `--goaway-chance`): the connection ends there (h2
+  takes GOAWAY as the end of the connection's state), its streams fail retryably, and new
+  requests go to a new connection; the reflectors resume their watches from where they were.
 
 Failures are `ConnectionLost` (nothing, or not all, came back: retryable). Runs on the trio
 thread only; a connection's tasks are trio system tasks, so that the pool serves any task of the
@@ -142,12 +143,9 @@ class Connection:
             },
         )
         self._responses: dict[int, Response] = {}
-        self._reserved = 0
-        """Streams promised to requests that are still sending their headers."""
         self._send_wakeup = trio.Event()
         self._window_wakeup = trio.Event()
         self._settings = trio.Event()
-        self._goaway = False
         self._closed = False
         self._error = ""
         self._idle_since = trio.current_time()
@@ -166,28 +164,24 @@ class Connection:
             raise ConnectionLost(self._error)
 
     def has_room(self) -> bool:
-        if self._closed or self._goaway or not self._settings.is_set():
+        if self._closed or not self._settings.is_set():
             return False
-        if (self._h2.highest_outbound_stream_id or 0) >= _MAX_STREAM_ID - 2 * (self._reserved + 1):
-            return False
-        limit = self._h2.remote_settings.max_concurrent_streams
-        return len(self._responses) + self._reserved < limit
+        if (self._h2.highest_outbound_stream_id or 0) >= _MAX_STREAM_ID - 2:
+            return False  # stream ids used up: the next request goes to a new connection
+        return len(self._responses) < self._h2.remote_settings.max_concurrent_streams
 
     @property
     def streams(self) -> int:
         return len(self._responses)
 
     async def request(self, headers: Sequence[Header], body: bytes | None) -> Response:
-        """Send one request on a new stream (the pool saw `has_room()`); return when its
-        response headers have come."""
-        self._reserved += 1
+        """Send one request on a new stream (the pool saw `has_room()`, and nothing was
+        awaited since); return when its response headers have come."""
         try:
             stream_id = self._h2.get_next_available_stream_id()
             self._h2.send_headers(stream_id, headers, end_stream=not body)
         except h2.exceptions.H2Error as exc:
             raise ConnectionLost(f"{self.label}: {exc!r}") from None
-        finally:
-            self._reserved -= 1
         response = Response(self, stream_id)
         self._responses[stream_id] = response
         self.streams_opened += 1
@@ -225,7 +219,8 @@ class Connection:
 
     def _consumed(self, stream_id: int, flow: int) -> None:
         if flow and not self._closed:
-            self._h2.acknowledge_received_data(flow, stream_id)
+            with contextlib.suppress(h2.exceptions.H2Error):  # the connection is ending
+                self._h2.acknowledge_received_data(flow, stream_id)
             self._wake_writer()
 
     def _close_stream(self, response: Response, unread: int) -> None:
@@ -239,7 +234,8 @@ class Connection:
             with contextlib.suppress(h2.exceptions.H2Error):  # closed by the server meanwhile
                 self._h2.reset_stream(response.id, h2.errors.ErrorCodes.CANCEL)
         if unread:
-            self._h2.acknowledge_received_data(unread, response.id)
+            with contextlib.suppress(h2.exceptions.H2Error):
+                self._h2.acknowledge_received_data(unread, response.id)
         self._wake_writer()
 
     async def _send_body(self, stream_id: int, body: bytes) -> None:
@@ -255,7 +251,10 @@ class Connection:
                     raise ConnectionLost(self._error)
                 continue
             chunk, view = view[:room], view[room:]
-            self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            try:
+                self._h2.send_data(stream_id, bytes(chunk), end_stream=not view)
+            except h2.exceptions.H2Error as exc:
+                raise ConnectionLost(f"{self.label}: {exc!r}") from None
             self._wake_writer()
 
     # -- the connection's tasks --------------------------------------------------------------------
@@ -346,18 +345,9 @@ class Connection:
                 response._error = f"{self.label}: stream reset by the server ({code})"
                 response._wake()
         elif isinstance(event, h2.events.ConnectionTerminated):
-            self._goaway = True
-            last = event.last_stream_id if event.last_stream_id is not None else 0
-            for stream_id, response in self._responses.items():
-                if stream_id > last:
-                    response._error = f"{self.label}: GOAWAY ({_error_name(event.error_code)})"
-                    response._wake()
-            log.debug(
-                "http2 GOAWAY connection=%s last_stream=%s error=%s",
-                self.label,
-                last,
-                _error_name(event.error_code),
-            )
+            code = _error_name(event.error_code)
+            log.debug("http2 GOAWAY connection=%s error=%s", self.label, code)
+            self.close(f"GOAWAY ({code})")
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings.set()
         elif isinstance(event, h2.events.WindowUpdated):

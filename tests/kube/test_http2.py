@@ -1,0 +1,142 @@
+"""The HTTP/2 pool (`fusevol.kube.http2`) on its own, against real servers on loopback: the
+loopback API server's HTTP/2 layer (`tests.helpers.h2server`, TLS) and, for a peer that goes
+silent, a bare h2c server that answers the preface and nothing else.
+
+What the agent's scale rests on: streams share a connection up to the server's limit and only
+then is another made; requests arriving while a connection is dialled wait for it and share its
+failure (one refused dial, not one per request); a dead peer is found by PING; a body larger
+than the stream window arrives whole.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import TYPE_CHECKING
+
+import h2.config
+import h2.connection
+import h2.events
+import pytest
+import trio
+
+from fusevol.kube import http2
+from fusevol.kube.http2 import ConnectionLost, Pool
+from tests.helpers.h2server import H2Server, certificates
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+    from tests.helpers.h2server import ServerStream
+
+
+def headers(path: str) -> list[tuple[bytes, bytes]]:
+    return [
+        (b":method", b"GET"),
+        (b":scheme", b"https"),
+        (b":authority", b"127.0.0.1"),
+        (b":path", path.encode()),
+    ]
+
+
+async def answer(stream: ServerStream) -> None:
+    """`/hold`: headers, then nothing until the client goes; `/big`: 10 MiB; else "ok"."""
+    await stream.respond(200, {})
+    if stream.path == "/hold":
+        while not stream.closed:
+            await trio.sleep(0.01)
+    elif stream.path == "/big":
+        await stream.send(b"x" * (10 << 20), end=True)
+    else:
+        await stream.send(b"ok", end=True)
+
+
+@pytest.fixture
+def server() -> Iterator[H2Server]:
+    server = H2Server(answer, max_streams=10)
+    server.start()
+    yield server
+    server.stop()
+
+
+def pool_for(port: int) -> Pool:
+    context = ssl.create_default_context(cafile=str(certificates().ca))
+    context.set_alpn_protocols(["h2"])
+    return Pool(host="127.0.0.1", port=port, ssl_context=context)
+
+
+async def test_streams_fill_a_connection_to_the_servers_limit_before_another_is_made(
+    server: H2Server,
+) -> None:
+    pool = pool_for(server.port)
+    held = [await pool.request(headers("/hold")) for _ in range(25)]
+    assert [r.status for r in held] == [200] * 25
+    assert (pool.connections, pool.streams()) == (3, 25)  # 10 + 10 + 5
+    assert server.max_streams_seen == 10
+    for response in held[:15]:
+        response.close()
+    ok = await pool.request(headers("/"))  # room again on a connection that exists
+    assert await ok.read() == b"ok"
+    ok.close()
+    assert pool.connections_made == 3
+    pool.close()
+    assert server.protocol_errors == []
+
+
+async def test_a_body_larger_than_the_stream_window_arrives_whole(server: H2Server) -> None:
+    pool = pool_for(server.port)
+    response = await pool.request(headers("/big"))
+    assert len(await response.read()) == 10 << 20
+    response.close()
+    pool.close()
+
+
+async def test_requests_share_one_dial_and_its_failure() -> None:
+    with trio.socket.socket() as probe:  # a port nobody listens on
+        await probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pool = pool_for(port)
+    failures: list[str] = []
+
+    async def one() -> None:
+        try:
+            await pool.request(headers("/"))
+        except ConnectionLost as exc:
+            failures.append(str(exc))
+
+    async with trio.open_nursery() as nursery:
+        for _ in range(50):
+            nursery.start_soon(one)
+    assert len(failures) == 50
+    assert pool.connections_made == 1  # one refused dial for the 50 requests
+
+
+async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
+    monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
+    answered = trio.Event()
+
+    async def silent_after_headers(tcp: trio.SocketStream) -> None:
+        """h2c: SETTINGS, the response's headers, then never another byte (reads go on)."""
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        server.initiate_connection()
+        await tcp.send_all(server.data_to_send())
+        while not answered.is_set():
+            for event in server.receive_data(await tcp.receive_some(65536)):
+                if isinstance(event, h2.events.RequestReceived):
+                    server.send_headers(event.stream_id, [(":status", "200")])
+                    answered.set()
+            await tcp.send_all(server.data_to_send())
+        while await tcp.receive_some(65536):
+            pass  # the PING is read, never answered
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, silent_after_headers, 0)
+        port = listeners[0].socket.getsockname()[1]
+        pool = Pool(host="127.0.0.1", port=port, ssl_context=None)
+        response = await pool.request(headers("/watch"))
+        with trio.fail_after(5), pytest.raises(ConnectionLost, match="PING"):
+            await response.receive()
+        assert pool.connections == 0
+        nursery.cancel_scope.cancel()
