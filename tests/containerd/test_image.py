@@ -18,6 +18,7 @@ import errno
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import tarfile
@@ -41,10 +42,26 @@ VERSION = fusevol.__version__
 ARCHIVE = REPO / "dist" / f"fusevol-{VERSION}.oci.tar"
 IMAGE = f"docker.io/library/fusevol:{VERSION}"
 """`fusevol:<version>`, as kubelet and containerd's CRI normalise the chart's default image."""
-MAX_UNPACKED_MB = 400
-"""The image's file system, measured inside it; about 350 MB when this was written (the Python
-packages about 105 MB, the kubernetes client most of them; Debian's Python, git with perl and
-nfs-common most of the rest). The build stage's compilers and headers alone would exceed this."""
+MAX_UNPACKED_MB = 200
+"""The image's file system, measured inside it (MiB, `du -sxm /`): 195 when this was written (the
+Debian 12 slim base 75 MB, the run stage's Debian packages 46, the virtual environment 44, the
+bytecode of what the agent imports 20); 375 before the Containerfile left out perl, the kubernetes
+client's unused API classes and models, the bytecode nothing imports and more. This fails if one of
+them comes back, or if the build stage's compilers and headers did."""
+
+IMPORT_CHECK = """
+import importlib, importlib.util, os, pkgutil, sys, fusevol, kubernetes.config
+for module in pkgutil.walk_packages(fusevol.__path__, "fusevol."):
+    if not module.name.endswith(".__main__"):
+        importlib.import_module(module.name)
+files = [getattr(module, "__file__", None) or "" for module in list(sys.modules.values())]
+print("imports", *sorted(f for f in files
+    if f.endswith(".py") and not os.path.exists(importlib.util.cache_from_source(f))))
+"""
+"""Run with `python3 -B` in the image: every module of fusevol imports (what the Containerfile
+leaves out of the kubernetes client and the other packages is nothing they import) and every module
+imported then was precompiled (the holder's root is read-only: what is not is compiled at each of
+its starts). Prints `imports` and the sources imported without bytecode."""
 
 pytestmark = [
     needs_containerd,
@@ -126,24 +143,30 @@ def test_image_is_the_packages_and_nothing_more(
     defaults = re.findall(r"^ARG VERSION=(\S+)$", (REPO / "Containerfile").read_text(), re.M)
     assert defaults == [VERSION], defaults
 
-    script = """
+    script = f"""
         fusevol --version
         python3 -c 'import pyfuse3; print("patched", hasattr(pyfuse3, "negotiated_capabilities"))'
-        python3 -c 'import fusevol.kube.client, fusevol.agent.app; print("imports")'
+        python3 -B -c {shlex.quote(IMPORT_CHECK)}
+        cd /tmp && git init -q r &&
+            git -C r -c user.name=t -c user.email=t@t commit -q --allow-empty -m c &&
+            git clone -q file:///tmp/r c && git -C c checkout -q HEAD && git -C c reset -q --hard &&
+            echo "git clones"
+        rm -rf /tmp/r /tmp/c
         for tool in fusermount3 mount umount mount.nfs git gcc cc pip pip3 cython; do
             command -v $tool >/dev/null && echo "has $tool"
         done
         find /var/lib/apt/lists /root/.cache -mindepth 1 2>/dev/null
+        find /var/cache/apt -name '*.deb'
         echo "size $(du -sxm / | cut -f1)"
     """
     out = _ctr(containerd, "run", "--rm", image, "contents", "sh", "-c", script).stdout.split("\n")
-    assert out[:3] == [f"fusevol {VERSION}", "patched True", "imports"], out
+    assert out[:4] == [f"fusevol {VERSION}", "patched True", "imports", "git clones"], out
     present = {line.split()[1] for line in out if line.startswith("has ")}
     assert present == {"fusermount3", "mount", "umount", "mount.nfs", "git"}, out
     size_mb = int(next(line.split()[1] for line in out if line.startswith("size ")))
-    assert size_mb < MAX_UNPACKED_MB, out
+    assert size_mb <= MAX_UNPACKED_MB, out
     assert not [line for line in out if line and not line.startswith(("fusevol", "patched",
-        "imports", "has ", "size "))], out  # fmt: skip
+        "imports", "git clones", "has ", "size "))], out  # fmt: skip
     _figure(tmp_path_factory, f"image: {size_mb} MB unpacked (du -sxm / inside it)")
 
 
