@@ -66,7 +66,6 @@ class DriverWatch:
         self.listed = threading.Event()
         """Set once the first list has answered (readiness)."""
         self._stop = threading.Event()
-        self._response: Any = None
 
     def driver(self) -> Driver:
         """The CSIDriver as last seen (module docstring)."""
@@ -76,11 +75,9 @@ class DriverWatch:
         return known
 
     def stop(self) -> None:
-        """End `run` (at once, also in the middle of a watch)."""
+        """End `run`: at once when it waits, else when the watch in progress ends (at most
+        WATCH_TIMEOUT_S; a thread of a stopping process need not wait for it: a daemon)."""
         self._stop.set()
-        response = self._response
-        if response is not None:
-            response.close()
 
     def run(self) -> None:
         """List and watch until `stop` (module docstring)."""
@@ -112,7 +109,7 @@ class DriverWatch:
 
     def _watch(self, version: str) -> str:
         """One watch from `version`: the version to go on from, or "" to list again."""
-        self._response = response = self._api.list_csi_driver(
+        response = self._api.list_csi_driver(
             field_selector=_SELECTOR,
             watch=True,
             resource_version=version,
@@ -123,6 +120,8 @@ class DriverWatch:
         )
         try:
             for line in response:
+                if self._stop.is_set():
+                    return ""
                 if not line.strip():
                     continue
                 event = json.loads(line)
@@ -136,7 +135,6 @@ class DriverWatch:
                 elif kind == "DELETED" and _named(obj):
                     self._set(None)
         finally:
-            self._response = None
             response.close()
         return version
 

@@ -120,8 +120,8 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
     """The conversion of `pod` (a Pod as JSON); never raises on any JSON value."""
     if not isinstance(pod, dict):
         return Conversion(warnings=("the object is not a JSON object: admitted unchanged",))
-    metadata = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    metadata = {} if pod.get("metadata") is None else pod["metadata"]
+    spec = {} if pod.get("spec") is None else pod["spec"]
     if not isinstance(metadata, dict) or not isinstance(spec, dict):
         return Conversion(warnings=("metadata or spec is not a JSON object: admitted unchanged",))
     annotations = metadata.get("annotations") or {}

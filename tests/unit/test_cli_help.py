@@ -42,7 +42,7 @@ def test_run_help_shows_the_defaults_and_the_environment_variables() -> None:
 def test_the_description_says_what_fusevol_is() -> None:
     text = help_text()
     assert text.startswith(
-        "usage: fusevol [-h] [--version] {run,teardown,status,wait,mounts,hold} ..."
+        "usage: fusevol [-h] [--version] {run,teardown,status,wait,mounts,hold,webhook,convert} ..."
     )
     assert "A Kubernetes node agent for pod volumes" in text
     assert "->" not in text
