@@ -5,6 +5,8 @@ only below itself; docs/architecture.md draws them):
 
     cli            the command line: parse, dispatch, one module a command
     agent          the agent's process: launcher, lifecycle, lock, hand-over, composition (app)
+    webhook        the admission webhook, a process of its own beside the agent: pods' config
+                   volumes into fusevol.io CSI volumes (`fusevol webhook`, `fusevol convert`)
     csi, observe   the CSI node plugin for kubelet; what the agent shows (HTTP, metrics, status)
     volumemanager  kubelet's volume manager: cache (desired and actual state), populator, reconciler
     fuse, projection, source, provision
