@@ -434,9 +434,9 @@ def write_atomically(path: Path, text: str) -> None:
 class Holder:
     """`fusevol hold` on `root`, as the chart's holder pod runs it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *args: str) -> None:
         self.log_path = root.parent / f"{root.name}-holder.log"
-        argv = [sys.executable, "-m", "fusevol", "hold", "--root", str(root)]
+        argv = [sys.executable, "-m", "fusevol", "hold", "--root", str(root), *args]
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT)
         wait_for(lambda: "holding FUSE connections" in self.log_text())

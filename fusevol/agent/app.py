@@ -205,13 +205,15 @@ class Agent:
         # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
         self.csi: CsiServer | None = None
         if settings.csi is not None:
-            from fusevol.csi.attributes import DRIVER
             from fusevol.csi.node import CsiNode
+            from fusevol.csi.registration import registration_socket
             from fusevol.csi.server import CsiServer
 
             self.csi = CsiServer(
                 endpoint=settings.csi.endpoint,
-                registration=settings.csi.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock",
+                registration=registration_socket(settings.csi.kubelet_dir)
+                if settings.csi.register
+                else None,
                 handing_over=lambda: self.lifecycle.phase is Phase.HANDING_OVER,
                 node=CsiNode(
                     state_path=layout.csi_file(root),

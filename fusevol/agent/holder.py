@@ -12,7 +12,10 @@ any process holds a `/dev/fuse` descriptor the connection lives: readers wait in
 and the next agent takes the connection over and answers them (FUSE_NOTIFY_RESEND).
 
 The holder does nothing else: it never reads `/dev/fuse`, never mounts, imports nothing of the
-agent but this module and the layout, and runs no event loop but one `selectors` loop.
+agent but this module and the layout, and runs no event loop but one `selectors` loop. In the
+chart it also answers kubelet's plugin registration of the CSI driver (`--csi-endpoint`): kubelet
+registers a driver again whenever its registration socket is made anew, and the holder, unlike
+the agent, lives through rollouts (`fusevol.csi.registration`).
 
 Protocol, on `layout.holder_socket(root)` (a unix stream socket, mode 0600):
 - the agent sends `HOLD` with its two descriptors (SCM_RIGHTS) once it serves a connection, and
@@ -103,8 +106,29 @@ class _Held:
         self.fds = []
 
 
-def hold(root: Path) -> int:
-    """Serve as the holder of `root` until SIGTERM or SIGINT (exit 0)."""
+def hold(root: Path, *, csi_endpoint: str = "", kubelet_dir: Path | None = None) -> int:
+    """Serve as the holder of `root` until SIGTERM or SIGINT (exit 0); with `csi_endpoint`,
+    also answer kubelet's plugin registration of the CSI driver served there (in
+    `kubelet_dir`'s plugins_registry), so that a rollout of the agent never has kubelet register
+    the driver again (`fusevol.csi.registration`)."""
+    registration = None
+    if csi_endpoint:
+        from fusevol.csi.registration import Registration, registration_socket
+        from fusevol.csi.server import socket_path
+
+        assert kubelet_dir is not None
+        registration = Registration(
+            registration_socket(kubelet_dir), endpoint=socket_path(csi_endpoint)
+        )
+        registration.start()
+    try:
+        return _hold(root)
+    finally:
+        if registration is not None:
+            registration.stop(remove=True)  # kubelet forgets the driver (a next holder: anew)
+
+
+def _hold(root: Path) -> int:
     path = layout.holder_socket(root)
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     held = _Held()

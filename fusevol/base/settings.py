@@ -96,6 +96,9 @@ class CsiSettings:
     """Where to serve CSI's Identity and Node services: `unix:///path/csi.sock`."""
     kubelet_dir: Path
     """kubelet's --root-dir: every target path must be a CSI volume target below it."""
+    register: bool = True
+    """Answer kubelet's plugin registration (`fusevol.csi.registration`); False where
+    `fusevol hold` answers it."""
 
 
 DEFAULT_ROOT = "/var/lib/fusevol"

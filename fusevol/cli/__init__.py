@@ -284,6 +284,15 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_KUBELET_DIR,
         help="kubelet's root directory: CSI target paths must be below it (default: %(default)s)",
     )
+    _env_option(
+        run,
+        "--csi-registration",
+        choices=("agent", "holder"),
+        default="agent",
+        help="who answers kubelet's plugin registration of the driver: the agent, or `fusevol "
+        "hold --csi-endpoint ...` (a rollout then never registers it again) (default: "
+        "%(default)s)",
+    )
 
     teardown = commands.add_parser(
         "teardown",
@@ -340,6 +349,19 @@ def _parser() -> argparse.ArgumentParser:
         "agent pod). Runs until SIGTERM or SIGINT.",
     )
     _root_option(hold)
+    hold.add_argument(
+        "--csi-endpoint",
+        default="",
+        help="also answer kubelet's plugin registration of the CSI driver fusevol.io served at "
+        "this endpoint (the agent's --csi-endpoint, started with --csi-registration holder)",
+    )
+    hold.add_argument(
+        "--kubelet-dir",
+        type=Path,
+        default=DEFAULT_KUBELET_DIR,
+        help="kubelet's root directory: its plugins_registry holds the registration socket "
+        "(default: %(default)s)",
+    )
 
     webhook = commands.add_parser(
         "webhook",
@@ -464,7 +486,11 @@ def main(argv: list[str] | None = None) -> int:
             from fusevol.base import log
 
             log.setup("info")
-            return holder.hold(args.root.absolute())
+            return holder.hold(
+                args.root.absolute(),
+                csi_endpoint=args.csi_endpoint,
+                kubelet_dir=args.kubelet_dir.absolute(),
+            )
         if args.command == "webhook":
             return cli_webhook.serve(args)
         if args.command == "convert":

@@ -45,7 +45,11 @@ def main(args: argparse.Namespace) -> int:
         kube=kube,
         node_allocatable=allocatable,
         http=HttpSettings(host=args.http_host, port=args.http_port, ready_file=args.ready_file),
-        csi=CsiSettings(args.csi_endpoint, args.kubelet_dir.absolute())
+        csi=CsiSettings(
+            args.csi_endpoint,
+            args.kubelet_dir.absolute(),
+            register=args.csi_registration == "agent",
+        )
         if args.csi_endpoint
         else None,
     )

@@ -9,4 +9,5 @@ source) at that path, through its one reconciler, as it serves pod-spec volumes.
     node.py                   publish / unpublish / restore, in trio, through the reconciler
     state.py                  the published targets, recorded under <root>/fusevol (no secrets)
     server.py                 the gRPC Identity and Node services on a unix socket
+    registration.py           kubelet's plugin registration of the driver (its own socket)
 """

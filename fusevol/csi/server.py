@@ -12,10 +12,8 @@ untyped, and seven typed lines say the same. Messages are generated from `csi.pr
               NodeGetCapabilities    VOLUME_MOUNT_GROUP: kubelet hands over fsGroup, no chown walk
               NodePublishVolume      `CsiNode.publish`
               NodeUnpublishVolume    `CsiNode.unpublish`
-    Registration (kubelet's plugin registration, `registration.proto`, on its own socket in
-    `<kubelet dir>/plugins_registry/fusevol.io-reg.sock`, what node-driver-registrar answers)
-              GetInfo                   a CSIPlugin named fusevol.io at the CSI socket, CSI 1.0.0
-              NotifyRegistrationStatus  kubelet's verdict, logged
+Unless `fusevol hold` answers it (`registration=None`), the agent also answers kubelet's plugin
+registration on its own socket (`fusevol.csi.registration`).
 A successor (a rollout, an upgrade-restart) replaces both sockets with its own, each in one rename
 (bound aside first): kubelet never finds either path missing. A stop that hands over leaves them
 for the successor, and the stopping agent's server stays up (`linger`) until the successor's CSI
@@ -43,8 +41,9 @@ from google.protobuf import wrappers_pb2
 from fusevol import __version__
 from fusevol.base.errors import FusevolError
 from fusevol.base.fsutil import unlink_if_same
-from fusevol.csi import csi_pb2 as pb, registration_pb2 as reg
+from fusevol.csi import csi_pb2 as pb
 from fusevol.csi.attributes import DRIVER, CsiError
+from fusevol.csi.registration import Registration, unary
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,11 +110,12 @@ class CsiServer:
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
         self._inode = await trio.to_thread.run_sync(_listen_in_place, server, self.path)
-        registered: tuple[grpc.Server, int] | None = None
+        registered: Registration | None = None
         try:
             log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
             if self._registration is not None:
-                registered = await trio.to_thread.run_sync(self._register, self._registration)
+                registered = Registration(self._registration, endpoint=self.path)
+                await trio.to_thread.run_sync(registered.start)
             task_status.started()
             await trio.sleep_forever()
         finally:
@@ -125,11 +125,8 @@ class CsiServer:
             else:
                 server.stop(grace=None)  # cancels calls in flight; kubelet retries them
                 unlink_if_same(self.path, self._inode)
-            if registered is not None and self._registration is not None:
-                registration_server, inode = registered
-                registration_server.stop(grace=None)
-                if not self._handing_over():  # else the successor's replaces it
-                    unlink_if_same(self._registration, inode)
+            if registered is not None:  # on a handing-over stop, the successor replaces it
+                registered.stop(remove=not self._handing_over())
 
     async def linger(self, timeout_s: float = LINGER_S) -> None:
         """After a handing-over stop: wait until the successor's CSI socket replaces ours (or
@@ -145,73 +142,24 @@ class CsiServer:
         self._replaced.set()
         await trio.to_thread.run_sync(lambda: server.stop(grace=FORWARD_GRACE_S).wait())
 
-    def _register(self, path: Path) -> tuple[grpc.Server, int]:
-        """Answer kubelet's plugin watcher at `path` (GetInfo, NotifyRegistrationStatus): what
-        node-driver-registrar does. The socket is bound aside and renamed into place, so that a
-        successor's replaces its predecessor's in one step (kubelet sees one new socket, never
-        none: no moment in which the driver is unregistered)."""
-        path.parent.mkdir(parents=True, exist_ok=True)
-        aside = path.with_name(f".reg.{os.getpid()}")  # short: a socket's path has 107 bytes
-        with contextlib.suppress(FileNotFoundError):
-            aside.unlink()
-        server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix="csi-reg"))
-        server.add_generic_rpc_handlers([self._registration_handler()])
-        try:
-            server.add_insecure_port(f"unix:{aside}")
-        except RuntimeError as exc:
-            raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
-        server.start()
-        inode = os.lstat(aside).st_ino
-        os.replace(aside, path)
-        log.info("csi registration socket for kubelet path=%s", path)
-        return server, inode
-
-    def _registration_handler(self) -> grpc.GenericRpcHandler:
-        def get_info(request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
-            return reg.PluginInfo(
-                type="CSIPlugin",
-                name=DRIVER,
-                endpoint=str(self.path),
-                supported_versions=["1.0.0"],
-            )
-
-        def notify(
-            request: reg.RegistrationStatus, context: grpc.ServicerContext
-        ) -> reg.RegistrationStatusResponse:
-            if request.plugin_registered:
-                log.info("csi driver registered with kubelet driver=%s", DRIVER)
-            else:
-                log.error(
-                    "kubelet refused the csi driver driver=%s error=%s", DRIVER, request.error
-                )
-            return reg.RegistrationStatusResponse()
-
-        return grpc.method_handlers_generic_handler(
-            "pluginregistration.Registration",
-            {
-                "GetInfo": _unary(reg.InfoRequest, get_info),
-                "NotifyRegistrationStatus": _unary(reg.RegistrationStatus, notify),
-            },
-        )
-
     def _handlers(self) -> list[grpc.GenericRpcHandler]:
         publish = "/csi.v1.Node/NodePublishVolume"
         unpublish = "/csi.v1.Node/NodeUnpublishVolume"
         identity = {
-            "GetPluginInfo": _unary(pb.GetPluginInfoRequest, self._get_plugin_info),
-            "GetPluginCapabilities": _unary(
+            "GetPluginInfo": unary(pb.GetPluginInfoRequest, self._get_plugin_info),
+            "GetPluginCapabilities": unary(
                 pb.GetPluginCapabilitiesRequest, self._get_plugin_capabilities
             ),
-            "Probe": _unary(pb.ProbeRequest, self._probe),
+            "Probe": unary(pb.ProbeRequest, self._probe),
         }
         node = {
-            "NodeGetInfo": _unary(pb.NodeGetInfoRequest, self._node_get_info),
-            "NodeGetCapabilities": _unary(pb.NodeGetCapabilitiesRequest, self._node_capabilities),
-            "NodePublishVolume": _unary(
+            "NodeGetInfo": unary(pb.NodeGetInfoRequest, self._node_get_info),
+            "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, self._node_capabilities),
+            "NodePublishVolume": unary(
                 pb.NodePublishVolumeRequest,
                 self._or_successor(publish, self._publish, pb.NodePublishVolumeResponse),
             ),
-            "NodeUnpublishVolume": _unary(
+            "NodeUnpublishVolume": unary(
                 pb.NodeUnpublishVolumeRequest,
                 self._or_successor(unpublish, self._unpublish, pb.NodeUnpublishVolumeResponse),
             ),
@@ -345,16 +293,6 @@ class CsiServer:
 
 class _Interrupted(Exception):
     """A Node call our handing-over stop cancelled: the successor answers it instead."""
-
-
-def _unary(
-    request_type: type[Message], handler: Callable[[Any, grpc.ServicerContext], Message]
-) -> grpc.RpcMethodHandler[Any, Message]:
-    return grpc.unary_unary_rpc_method_handler(
-        handler,
-        request_deserializer=request_type.FromString,
-        response_serializer=lambda message: message.SerializeToString(),
-    )
 
 
 def _check_socket_path(path: Path) -> None:

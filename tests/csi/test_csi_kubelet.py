@@ -18,7 +18,7 @@ import pytest
 
 from fusevol.csi import registration_pb2 as reg
 from tests import kubelet_reference
-from tests.agent import mounts_below, wait_for
+from tests.agent import Holder, mounts_below, wait_for
 from tests.csi.conftest import UID, csi_volume, pod
 from tests.csi.kubelet import Kubelet, Obj, is_mount_point, volume_handle
 
@@ -418,3 +418,48 @@ def test_publishes_during_a_rollout_succeed_at_the_first_call(
             first.process.send_signal(signal.SIGTERM)  # the retired launcher: the old pod goes
     assert failures == [], failures[:5]
     print(f"{len(calls)} rounds, {during} during the rollout, {forwarded} forwarded, 0 failed")
+
+
+def test_the_holder_answers_registration_and_a_rollout_never_makes_it_anew(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, tmp_path: Path
+) -> None:
+    """kubelet's plugin watcher registers the driver again, with a moment in which kubelet does
+    not know it, whenever a new registration socket appears. With the chart's holder answering
+    it (`fusevol hold --csi-endpoint`, agents started with `--csi-registration holder`), a
+    rollout never touches it: the same socket before and after, answered throughout."""
+    registration = kubelet_dir / "plugins_registry" / "fusevol.io-reg.sock"
+    endpoint = f"unix://{tmp_path / 'plugins' / 'fusevol.io' / 'csi.sock'}"
+    holder = Holder(
+        tmp_path / "root", "--csi-endpoint", endpoint, "--kubelet-dir", str(kubelet_dir)
+    )
+    try:
+        inode = registration.stat().st_ino
+        args = ("--replace", "--csi-registration", "holder")
+        assert get_info(registration).endpoint == str(tmp_path / "plugins/fusevol.io/csi.sock")
+        with csi_agent(*args) as (first, kubelet):
+            assert kubelet.register() == ("fusevol.io", "test-node")
+            with csi_agent(*args) as (second, _):
+                first.wait_agent_gone(30)
+                assert registration.stat().st_ino == inode
+                assert get_info(registration).name == "fusevol.io"
+                assert kubelet.register() == ("fusevol.io", "test-node")
+                second.stop()
+            assert first.process is not None
+            first.process.send_signal(signal.SIGTERM)  # the retired launcher
+        for agent in (first, second):
+            assert "csi registration socket" not in agent.log_text()
+        assert registration.stat().st_ino == inode
+    finally:
+        assert holder.stop() == 0
+    assert not registration.exists()  # kubelet forgets the driver with the holder
+
+
+def get_info(registration: Path) -> Any:
+    """What kubelet's plugin watcher asks a registration socket first."""
+    with grpc.insecure_channel(f"unix://{registration}") as channel:
+        rpc: grpc.UnaryUnaryMultiCallable[Message, Any] = channel.unary_unary(
+            "/pluginregistration.Registration/GetInfo",
+            request_serializer=lambda m: m.SerializeToString(),
+            response_deserializer=reg.PluginInfo.FromString,
+        )
+        return rpc(reg.InfoRequest(), timeout=10)

@@ -499,3 +499,35 @@ def test_the_holder(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPa
     assert pod.get("nodeSelector") == (want["nodeSelector"] or None)
 
     assert [o for o in render(chart, {"holder": {"enabled": False}}) if _is_holder(o)] == []
+
+
+@pytest.mark.parametrize("holder_enabled", [True, False])
+def test_with_csi_the_holder_answers_kubelets_plugin_registration(
+    chart: helm.Chart, holder_enabled: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """kubelet registers the driver again whenever its registration socket is made anew: the
+    holder, which rollouts never restart, answers it, and the agent is told not to. Without the
+    holder, the agent answers it."""
+    for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
+        monkeypatch.delenv(name)
+    kubelet_dir = "/srv/kubelet"
+    values = {"csi": {"enabled": True, "kubeletDir": kubelet_dir}}
+    objs = render(chart, {**values, "holder": {"enabled": holder_enabled}})
+    [container] = agent(objs)["spec"]["template"]["spec"]["containers"]
+    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    assert args.csi_registration == ("holder" if holder_enabled else "agent")
+    if not holder_enabled:
+        return
+    pod = holder(objs)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
+    held = cli._parser().parse_args(container["args"])
+    assert (held.csi_endpoint, held.kubelet_dir) == (args.csi_endpoint, Path(kubelet_dir))
+    registry = f"{kubelet_dir}/plugins_registry"
+    assert named(pod["volumes"], "plugins-registry")["hostPath"] == {
+        "path": registry,
+        "type": "DirectoryOrCreate",
+    }
+    assert named(container["volumeMounts"], "plugins-registry") == {
+        "name": "plugins-registry",
+        "mountPath": registry,
+    }
