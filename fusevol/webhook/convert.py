@@ -15,7 +15,9 @@ would have served:
        (`Driver.problem`); a Windows pod or a mirror pod is never converted;
     3. each serviceAccountToken source's audience and lifetime are one of the CSIDriver's
        `tokenRequests`, with `requiresRepublish`: kubelet then passes the very token it would have
-       projected, and refreshes it (otherwise the agent would request its own);
+       projected, and refreshes it (otherwise the agent would request its own); and no downward
+       API file shows `metadata.annotations` whole or kubelet's own annotations, which the
+       driver's downward API lacks (`_annotations_problem`);
     4. its attribute, read back by the CSI attribute parser, is the very source of step 1.
 The pod's annotation `fusevol.io/volumes` lists the converted volumes and, for each volume of
 those four types left as it was, why (`{"converted": [...], "notConverted": {name: reason}}`).
@@ -57,6 +59,9 @@ TokenRequestSpec`), what kubelet's request for the CSI driver then gets."""
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """What PyYAML's reader refuses, or reads otherwise (U+0085 is a line break to it)."""
 
+_KUBELET_ANNOTATIONS = tuple(
+    f"metadata.annotations['kubernetes.io/config.{key}']" for key in ("seen", "source", "hash")
+)
 Json = Any
 
 
@@ -160,7 +165,11 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
         elif isinstance(volume.source, model.UnsupportedVolumeSource):
             reason = f"fusevol does not serve {volume.source.type_name} sources"
         else:
-            reason = pod_problem or _token_problem(volume.source, driver)
+            reason = (
+                pod_problem
+                or _token_problem(volume.source, driver)
+                or _annotations_problem(volume.source)
+            )
         if not reason:
             text = _yaml_safe(json.dumps({type_name: entry[type_name]}, ensure_ascii=False))
             reason = _read_back_problem(text, volume, identity)
@@ -223,6 +232,32 @@ def _token_problem(source: model.VolumeSource, driver: Driver) -> str:
             return (
                 f"serviceAccountToken {projection.path!r}: the CSIDriver {DRIVER} does not set "
                 "requiresRepublish (its tokens would not be refreshed)"
+            )
+    return ""
+
+
+def _annotations_problem(source: model.VolumeSource) -> str:
+    """(3) The driver's downward API lacks the annotations kubelet adds to the pods it accepts
+    (`kubernetes.io/config.seen`, `config.source`: the agent adds them to the pods of its
+    desired state, not to those of CSI volumes), so a file of `metadata.annotations`, whole or
+    by a subscript of those keys, would be served otherwise."""
+    if isinstance(source, model.DownwardAPIVolumeSource):
+        items = source.items
+    elif isinstance(source, model.ProjectedVolumeSource):
+        items = tuple(
+            item
+            for projection in source.sources
+            if isinstance(projection, model.DownwardAPIProjection)
+            for item in projection.items
+        )
+    else:
+        return ""
+    for item in items:
+        field_path = item.field_ref.field_path if item.field_ref is not None else ""
+        if field_path == "metadata.annotations" or field_path.startswith(_KUBELET_ANNOTATIONS):
+            return (
+                f"{item.path!r} shows {field_path}: the CSI driver does not show the annotations "
+                "kubelet adds (kubernetes.io/config.seen, kubernetes.io/config.source)"
             )
     return ""
 

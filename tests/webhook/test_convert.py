@@ -18,6 +18,7 @@ import json
 import tempfile
 from pathlib import Path
 from typing import Any
+from unittest.mock import ANY
 
 import jsonpatch
 import pytest
@@ -45,6 +46,20 @@ EVERY_TOKEN = Driver(
 KUBELET_DIR = Path(tempfile.mkdtemp(prefix="fusevol-webhook-kubelet-"))
 """kubelet's directory for the CSI attribute parser's target checks (hypothesis runs many
 examples in one test function: no function-scoped tmp_path)."""
+
+
+def shows_all_annotations(volume: Obj) -> bool:
+    """A downwardAPI file of `metadata.annotations`, whose kubelet-added lines (config.seen,
+    config.source) the driver does not serve: such volumes are kept."""
+    sources = [volume.get("downwardAPI")] + [
+        s.get("downwardAPI") for s in (volume.get("projected") or {}).get("sources") or []
+    ]
+    return any(
+        (item.get("fieldRef") or {}).get("fieldPath") == "metadata.annotations"
+        for source in sources
+        if source
+        for item in source.get("items") or []
+    )
 
 
 def converted(pod: Obj, driver: Driver = EVERY_TOKEN) -> tuple[Obj, Any]:
@@ -107,14 +122,21 @@ def check_served_alike(original: Obj, patched: Obj, conversion: Any) -> None:
 def test_every_volume_kind_and_option_serves_as_kubelet_would(written: Obj, stored: bool) -> None:
     pod = as_stored(written) if stored else written
     patched, conversion = converted(pod)
-    served_volumes = [v["name"] for v in pod["spec"]["volumes"] if set(v) & set(SERVED)]
-    assert list(conversion.converted) == served_volumes  # every one: the driver lists every token
-    assert dict(conversion.not_converted) == {}
+    served = [v["name"] for v in pod["spec"]["volumes"] if set(v) & set(SERVED)]
+    kept = [v["name"] for v in pod["spec"]["volumes"] if shows_all_annotations(v)]
+    # Every other one: the driver lists every token.
+    assert list(conversion.converted) == [name for name in served if name not in kept]
+    assert list(conversion.not_converted) == kept
+    for reason in conversion.not_converted.values():
+        assert "the CSI driver does not show the annotations kubelet adds" in reason
     assert conversion.warnings == ()
     check_served_alike(pod, patched, conversion)
-    if served_volumes:
+    if served:
         report = json.loads(patched["metadata"]["annotations"][ANNOTATION])
-        assert report == {"converted": served_volumes, "notConverted": {}}
+        assert report == {
+            "converted": list(conversion.converted),
+            "notConverted": dict.fromkeys(kept, ANY),
+        }
     # A second pass (reinvoked, or a converted pod created again) changes nothing.
     again = convert_pod(copy.deepcopy(patched), namespace="default", driver=EVERY_TOKEN)
     assert again.patch == []
@@ -133,7 +155,7 @@ def test_without_token_requests_token_volumes_stay_kubelets(written: Obj) -> Non
             reason = conversion.not_converted[volume["name"]]
             assert "is not one of the tokenRequests of the CSIDriver fusevol.io" in reason
             assert repr(tokens[0].get("audience", "")) in reason
-        elif set(volume) & set(SERVED):
+        elif set(volume) & set(SERVED) and not shows_all_annotations(volume):
             assert volume["name"] in conversion.converted
     check_served_alike(pod, patched, conversion)
 
@@ -262,6 +284,29 @@ def test_nothing_converts_without_a_usable_driver(driver: Driver, reason: str) -
     assert reason in conversion.not_converted["config"]
     # The pod is unchanged but for the annotation saying why.
     assert [op["path"] for op in conversion.patch] == ["/metadata/annotations"]
+
+
+@pytest.mark.parametrize(
+    ("field_path", "kept"),
+    [
+        ("metadata.annotations", True),
+        ("metadata.annotations['kubernetes.io/config.seen']", True),
+        ("metadata.annotations['kubernetes.io/config.source']", True),
+        ("metadata.annotations['example.com/owner']", False),
+        ("metadata.labels", False),
+    ],
+)
+def test_annotations_kubelet_adds_keep_the_volume_kubelets(field_path: str, kept: bool) -> None:
+    item = {"path": "f", "fieldRef": {"fieldPath": field_path}}
+    downward = {"name": "info", "downwardAPI": {"items": [item]}}
+    projected = {"name": "all", "projected": {"sources": [{"downwardAPI": {"items": [item]}}]}}
+    _, conversion = converted(_pod(downward, projected))
+    assert list(conversion.not_converted) == (["info", "all"] if kept else [])
+    if kept:
+        assert conversion.not_converted["info"] == (
+            f"'f' shows {field_path}: the CSI driver does not show the annotations kubelet adds "
+            "(kubernetes.io/config.seen, kubernetes.io/config.source)"
+        )
 
 
 def test_windows_and_mirror_pods_are_left_alone() -> None:
