@@ -161,14 +161,15 @@ class KubeClient:
         namespace: str | None,
         field_selector: str = "",
         label_selector: str = "",
+        resource_version: str = "",
     ) -> tuple[list[Obj], str]:
-        """(items, the list's resourceVersion)."""
+        """(items, the list's resourceVersion). With `resource_version`, a state no older than it
+        (which the API server serves from its watch cache); without, the latest (from etcd)."""
         resource = RESOURCES[kind]
-        body = await self.request(
-            "GET",
-            resource.path(namespace),
-            query={"fieldSelector": field_selector, "labelSelector": label_selector},
-        )
+        query = {"fieldSelector": field_selector, "labelSelector": label_selector}
+        if resource_version:
+            query |= {"resourceVersion": resource_version, "resourceVersionMatch": "NotOlderThan"}
+        body = await self.request("GET", resource.path(namespace), query=query)
         items: list[Obj] = body.get("items") or []
         for item in items:  # items of a list carry no kind; the converter needs it
             item.setdefault("kind", kind.value)

@@ -35,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import ssl
-from collections import deque
 from typing import TYPE_CHECKING
 
 import h2.config
@@ -74,24 +73,25 @@ class ConnectionLost(FusevolError):
 
 
 class Response:
-    """One stream's answer: `status` and `headers` once `Pool.request` returns; the body by
-    `receive()` (or `read()` whole). `close()` (idempotent, never blocks) resets the stream if
-    the answer has not ended, and gives its unread data back to the flow-control windows."""
+    """One stream's answer: `status` once `Pool.request` returns; the body by `receive()` (or
+    `read()` whole). `close()` (idempotent, never blocks) resets the stream if the answer has
+    not ended, and gives its unread data back to the flow-control windows.
 
-    __slots__ = ("_chunks", "_connection", "_ended", "_error", "_wakeup", "headers", "id", "status")
+    Thousands are open at once (a watch each), so each is small: no headers kept (nothing
+    reads them), no buffer until data waits unread, and its reader parked directly on the
+    trio task, without an Event."""
+
+    __slots__ = ("_chunks", "_connection", "_ended", "_error", "_waiter", "id", "status")
 
     def __init__(self, connection: Connection, stream_id: int) -> None:
         self._connection = connection
         self.id = stream_id
         self.status = 0
-        self.headers: list[Header] = []
-        self._chunks: deque[tuple[bytes, int]] = deque()
+        self._chunks: list[tuple[bytes, int]] | None = None
+        """Data received and not yet read, with its flow-controlled length."""
         self._ended = False
         self._error = ""
-        self._wakeup: trio.Event | None = None
-
-    def header(self, name: bytes) -> bytes:
-        return next((v for k, v in self.headers if k == name), b"")
+        self._waiter: trio.lowlevel.Task | None = None
 
     async def receive(self) -> bytes:
         """The next data of the body; b"" at its end."""
@@ -101,7 +101,7 @@ class Response:
             if self._ended:
                 return b""
             await self._wait()
-        data, flow = self._chunks.popleft()
+        data, flow = self._chunks.pop(0)
         self._connection._consumed(self.id, flow)
         return data
 
@@ -112,17 +112,28 @@ class Response:
         return b"".join(parts)
 
     def close(self) -> None:
-        self._connection._close_stream(self, sum(flow for _, flow in self._chunks))
-        self._chunks.clear()
+        chunks, self._chunks = self._chunks or (), None
+        self._connection._close_stream(self, sum(flow for _, flow in chunks))
+
+    def _received(self, data: bytes, flow: int) -> None:
+        if self._chunks is None:
+            self._chunks = []
+        self._chunks.append((data, flow))
+        self._wake()
 
     async def _wait(self) -> None:
-        self._wakeup = trio.Event()
-        await self._wakeup.wait()
+        """Until `_wake()` (data, the end, an error); one reader at a time."""
+        self._waiter = trio.lowlevel.current_task()
+        await trio.lowlevel.wait_task_rescheduled(self._abort)
+
+    def _abort(self, _: object) -> trio.lowlevel.Abort:
+        self._waiter = None
+        return trio.lowlevel.Abort.SUCCEEDED
 
     def _wake(self) -> None:
-        if self._wakeup is not None:
-            self._wakeup.set()
-            self._wakeup = None
+        if self._waiter is not None:
+            trio.lowlevel.reschedule(self._waiter)
+            self._waiter = None
 
 
 class Connection:
@@ -325,16 +336,15 @@ class Connection:
         if isinstance(event, h2.events.ResponseReceived):
             response = self._responses.get(event.stream_id)
             if response is not None:
-                response.headers = [(k, v) for k, v in event.headers if not k.startswith(b":")]
-                response.status = int(dict(event.headers).get(b":status", b"0"))
+                status = next((v for k, v in event.headers or () if k == b":status"), b"0")
+                response.status = int(status)
                 response._wake()
         elif isinstance(event, h2.events.DataReceived):
             response = self._responses.get(event.stream_id)
             if response is None:  # reset by us meanwhile: give the window back
                 self._h2.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
             else:
-                response._chunks.append((event.data, event.flow_controlled_length))
-                response._wake()
+                response._received(event.data, event.flow_controlled_length)
         elif isinstance(event, h2.events.StreamEnded):
             if (response := self._responses.get(event.stream_id)) is not None:
                 response._ended = True

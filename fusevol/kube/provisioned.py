@@ -31,13 +31,11 @@ from typing import TYPE_CHECKING
 
 from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert, to_document
-from fusevol.kube.reflector import Query, Reflector
+from fusevol.kube.reflector import Flag, Query, Reflector
 from fusevol.model import Kind, ObjectKey, PersistentVolume
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    import trio
 
     from fusevol.kube.client import KubeClient, Obj
 
@@ -74,7 +72,7 @@ class KubeVolumeRecorder:
         )
 
     @property
-    def synced(self) -> trio.Event:
+    def synced(self) -> Flag:
         """Set after the first complete list."""
         return self.reflector.synced
 

@@ -10,7 +10,12 @@ client-go's reflector (and kopf's watch loop), as small stages:
 3. The stream ends (the server's `timeoutSeconds`, randomised in [5, 10) min like client-go's):
    watch again from the last resourceVersion (2).
 4. ERROR 410 Gone (the version was compacted away, or a restarted API server's watch cache starts
-   later): relist (1), and `on_replace` converges the mirror. The first time at once; a 410
+   later): relist (1), and `on_replace` converges the mirror. The relist asks for a state no
+   older than the last resourceVersion seen, which the API server serves from its watch cache
+   (client-go's relist after an expired watch); only if it cannot (410, or 504 "too large
+   resource version": a cache behind) is the list read from etcd (resourceVersion unset), as
+   every first list is. After an API server restart every watch gets its 410 at once: thousands
+   of relists, served from the new watch cache. The first time at once; a 410
    again before the new watch delivered anything (a server whose watch cache is broken) waits
    the same backoff as (5), as client-go's reflector waits its backoff before every relist:
    never a tight list-watch loop against a sick server.
@@ -79,6 +84,32 @@ class Backoff:
         self.failures = 0
 
 
+class Flag:
+    """Set once, awaited by some: a `trio.Event` made only when someone waits before it is set
+    (a reflector per watched object has one, and almost nobody waits for most of them)."""
+
+    __slots__ = ("_event", "_set")
+
+    def __init__(self) -> None:
+        self._set = False
+        self._event: trio.Event | None = None
+
+    def set(self) -> None:
+        self._set = True
+        if self._event is not None:
+            self._event.set()  # its waiters are woken; nobody needs it any more
+            self._event = None
+
+    def is_set(self) -> bool:
+        return self._set
+
+    async def wait(self) -> None:
+        if not self._set:
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+
+
 @dataclass(slots=True)
 class ReflectorStatistics:
     lists: int = 0
@@ -91,6 +122,22 @@ class ReflectorStatistics:
 
 
 class Reflector:
+    """Steps 1-5 of the module docstring for one query (one per watched object: slots)."""
+
+    __slots__ = (
+        "_backoff",
+        "_client",
+        "_expiring",
+        "_expiry_backoff",
+        "_on_event",
+        "_on_replace",
+        "_relist_from",
+        "_version",
+        "query",
+        "stats",
+        "synced",
+    )
+
     def __init__(
         self,
         *,
@@ -108,10 +155,12 @@ class Reflector:
         self._expiring = False
         """A 410 came, and no event since: (4) backs off on the next one."""
         self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
-        self.synced = trio.Event()
+        self.synced = Flag()
         self.stats = ReflectorStatistics()
         self._version = ""
         """Where the next watch resumes; empty: list first."""
+        self._relist_from = ""
+        """The last resourceVersion of an expired watch: the next list is no older (4)."""
 
     async def run(self) -> None:
         """Steps 1-5 of the module docstring, until cancelled."""
@@ -129,18 +178,29 @@ class Reflector:
                 await self._failed(exc)  # (5)
 
     async def _list(self) -> str:
-        items, version = await self._client.list(
-            self.query.kind,
-            namespace=self.query.namespace,
-            field_selector=self.query.field_selector,
-            label_selector=self.query.label_selector,
-        )
+        since, self._relist_from = self._relist_from, ""
+        try:
+            items, version = await self._list_from(since)
+        except ApiError as exc:
+            if not since or exc.code not in (410, 504):
+                raise
+            log.debug("relist from %s refused, reading etcd query=%s: %s", since, self.query, exc)
+            items, version = await self._list_from("")
         self.stats.lists += 1
         log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
         await self._on_replace(items)
         self.synced.set()
         self._backoff.reset()
         return str(version)
+
+    async def _list_from(self, resource_version: str) -> tuple[list[Obj], str]:
+        return await self._client.list(
+            self.query.kind,
+            namespace=self.query.namespace,
+            field_selector=self.query.field_selector,
+            label_selector=self.query.label_selector,
+            resource_version=resource_version,
+        )
 
     async def _watch(self) -> None:
         """Follow one watch stream, moving `_version` on with every event."""
@@ -178,7 +238,7 @@ class Reflector:
 
     async def _expired(self, exc: ApiError) -> None:
         self.stats.expired += 1
-        self._version = ""
+        self._relist_from, self._version = self._version, ""
         if not self._expiring:
             self._expiring = True
             log.info("watch expired, relisting query=%s: %s", self.query, exc)

@@ -7,7 +7,8 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
 
 - core/v1 pods, configmaps, secrets, persistentvolumeclaims (namespaced), persistentvolumes and
   storage.k8s.io/v1 storageclasses (cluster-scoped): GET one object (404 Status when absent),
-  LIST (`metadata.resourceVersion`),
+  LIST (`metadata.resourceVersion`; from a `resourceVersion` not yet reached, kube-apiserver's 504
+  "Too large resource version"; otherwise the current state, which is never older),
   WATCH (a stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
   events when `allowWatchBookmarks`; an `ERROR` event carrying a 410 Status when the version is
   older than the compacted history; the stream ends after `timeoutSeconds`);
@@ -366,7 +367,11 @@ class ApiServer:
 
     def _list(self, resource: str, namespace: str | None, query: dict[str, str]) -> Obj:
         selector = _selector(resource, query)
+        since = query.get("resourceVersion", "")
         with self._cond:
+            if since not in ("", "0") and int(since) > self._rv:  # the watch cache is behind
+                message = f"Too large resource version: {since}, current: {self._rv}"
+                raise ApiError(504, "Timeout", message)
             items = [
                 copy.deepcopy(obj)
                 for (res, ns, _), obj in sorted(self._objects.items())

@@ -100,6 +100,10 @@ def test_410_gone_relists_and_converges(api: ApiServer, kube_agent: Callable[...
         api.compact()  # ...to find the update's event gone from history
         wait_for(lambda: read(volume / "a") == "2" and read(volume / "b") is None, timeout_s=10)
         assert api.count("GET", "configmaps", watch=False) == lists + 1
+        relist = [r for r in api.requests if r.path.endswith("/configmaps") and not r.watch][-1]
+        # No older than the expired watch's version: the watch cache can serve it, not etcd.
+        assert relist.query.get("resourceVersionMatch") == "NotOlderThan"
+        assert int(relist.query["resourceVersion"]) > 100
         assert "watch expired, relisting" in agent.log_text()
 
 

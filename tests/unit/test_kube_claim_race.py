@@ -151,7 +151,9 @@ class ScriptedClient:
         namespace: str | None,
         field_selector: str = "",
         label_selector: str = "",
+        resource_version: str = "",
     ) -> tuple[list[Obj], str]:
+        """The current state (never older than `resource_version`)."""
         self.listing.add(field_selector)
         gate = self.list_gate.get(field_selector)
         if gate is not None:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from fusevol.kube.client import ApiUnavailable
+from fusevol.kube.client import ApiError, ApiUnavailable
 from fusevol.kube.reflector import Backoff, Query, Reflector
 from fusevol.model import Kind
 
@@ -67,6 +67,10 @@ class ScriptedClient:
     streams: list[Stream] = field(default_factory=list)
     refuse_watches: int = 0
     """The next this many `open_watch` calls fail to connect."""
+    list_versions: list[str] = field(default_factory=list)
+    """The `resource_version` of every list, in order."""
+    too_large: bool = False
+    """A list from a resourceVersion gets kube-apiserver's 504 "Too large resource version"."""
 
     async def list(self, kind: Kind, **query: Any) -> tuple[list[Obj], str]:
         assert (kind, query["namespace"], query["field_selector"]) == (
@@ -75,6 +79,9 @@ class ScriptedClient:
             QUERY.field_selector,
         )
         self.lists += 1
+        self.list_versions.append(query.get("resource_version", ""))
+        if self.too_large and query.get("resource_version"):
+            raise ApiError(504, "Timeout", "Too large resource version")
         return copy.deepcopy(self.items), self.version
 
     async def open_watch(self, kind: Kind, **query: Any) -> Stream:
@@ -170,6 +177,21 @@ async def test_410_gone_relists_and_replaces_at_once_then_backs_off_if_it_repeat
     assert sum("watch expired, relisting" in m for m in messages) == 1
     assert sum("watch expired again, relisting" in m for m in messages) == 1  # waited a backoff
     assert all(r.levelno < logging.WARNING for r in caplog.records)
+
+
+async def test_a_relist_after_410_is_no_older_than_the_last_version_else_from_etcd(
+    mirror: Mirror,
+) -> None:
+    gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
+    first = await mirror.watching(1)
+    first.send("BOOKMARK", {"metadata": {"resourceVersion": "15"}})
+    first.send("ERROR", gone)
+    await mirror.watching(2)
+    assert mirror.client.list_versions == ["", "15"]  # the watch cache can serve it
+    mirror.client.too_large = True  # a cache behind that version: read etcd instead
+    (await mirror.watching(2)).send("ERROR", gone)
+    await mirror.watching(3)
+    assert mirror.client.list_versions == ["", "15", "10", ""]
 
 
 async def test_a_failed_watch_retries_from_its_version_warning_once(

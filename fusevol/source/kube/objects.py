@@ -88,12 +88,12 @@ class WatchedObjects:
         self._store = store
         self._nursery = nursery
         self._origin = origin
-        self._watches: dict[ObjectKey, tuple[Reflector, trio.CancelScope]] = {}
+        self._watches: dict[ObjectKey, _Watch] = {}
         self._immutable: set[ObjectKey] = set()
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._watches.keys() - keys:
-            self._watches.pop(key)[1].cancel()
+            self._watches.pop(key).scope.cancel()
             self._store.delete(key)
             log.debug("watch closed object=%s", key)
         for key in self._immutable - keys:
@@ -106,7 +106,7 @@ class WatchedObjects:
         with trio.move_on_after(timeout_s):
             for key in keys:
                 if key in self._watches:
-                    await self._watches[key][0].synced.wait()
+                    await self._watches[key].reflector.synced.wait()
 
     async def sync(self) -> None:
         pass
@@ -115,56 +115,69 @@ class WatchedObjects:
         if key in self._immutable:
             return True
         watch = self._watches.get(key)
-        return watch is not None and watch[0].synced.is_set()
+        return watch is not None and watch.reflector.synced.is_set()
 
     def statistics(self) -> TrackerStatistics:
         return TrackerStatistics(
             objects=len(self._watches) + len(self._immutable),
             watches=len(self._watches),
             immutable=len(self._immutable),
-            fetches=sum(r.stats.lists for r, _ in self._watches.values()),
+            fetches=sum(w.reflector.stats.lists for w in self._watches.values()),
         )
 
     def _start(self, key: ObjectKey) -> None:
-        scope = trio.CancelScope()
-
-        async def on_replace(items: list[Obj]) -> None:
-            if items:
-                await on_event("ADDED", items[0])
-            else:
-                self._store.delete(key)
-
-        async def on_event(kind: str, raw: Obj) -> None:
-            if kind == "DELETED":
-                self._store.delete(key)
-                return
-            obj = convert(raw, origin=self._origin)
-            if obj is None or obj.key != key:
-                return
-            if self._store.upsert(obj) and isinstance(obj, PersistentVolumeClaim):
-                self._on_claim()
-            if isinstance(obj, (ConfigMap, Secret)) and obj.immutable:
-                # kubelet's watch-based manager stops watching what cannot change.
-                self._immutable.add(key)
-                if self._watches.pop(key, None) is not None:
-                    log.debug("immutable, watch closed object=%s", key)
-                scope.cancel()
-
-        query = Query(key.kind, key.namespace or None, f"metadata.name={key.name}")
-        reflector = Reflector(
-            client=self._client,
-            query=query,
-            on_replace=on_replace,
-            on_event=on_event,
-        )
-        self._watches[key] = (reflector, scope)
-
-        async def run() -> None:
-            with scope:
-                await reflector.run()
-
-        self._nursery.start_soon(run)
+        watch = _Watch(self, key)
+        self._watches[key] = watch
+        self._nursery.start_soon(watch.run)
         log.debug("watch opened object=%s", key)
+
+    def _immutable_seen(self, key: ObjectKey) -> None:
+        """kubelet's watch-based manager stops watching what cannot change."""
+        self._immutable.add(key)
+        if (watch := self._watches.pop(key, None)) is not None:
+            watch.scope.cancel()
+            log.debug("immutable, watch closed object=%s", key)
+
+
+class _Watch:
+    """One object's list+watch (thousands of them: a few slots, no closures)."""
+
+    __slots__ = ("key", "reflector", "scope", "tracker")
+
+    def __init__(self, tracker: WatchedObjects, key: ObjectKey) -> None:
+        self.tracker = tracker
+        self.key = key
+        self.scope = trio.CancelScope()
+        self.reflector = Reflector(
+            client=tracker._client,
+            query=Query(key.kind, key.namespace or None, f"metadata.name={key.name}"),
+            on_replace=self.on_replace,
+            on_event=self.on_event,
+        )
+
+    async def run(self) -> None:
+        with self.scope:
+            await self.reflector.run()
+
+    async def on_replace(self, items: list[Obj]) -> None:
+        if items:
+            await self.on_event("ADDED", items[0])
+        else:
+            self.tracker._store.delete(self.key)
+
+    async def on_event(self, kind: str, raw: Obj) -> None:
+        tracker = self.tracker
+        if kind == "DELETED":
+            tracker._store.delete(self.key)
+            return
+        obj = convert(raw, origin=tracker._origin)
+        if obj is None or obj.key != self.key:
+            return
+        if tracker._store.upsert(obj) and isinstance(obj, PersistentVolumeClaim):
+            tracker._on_claim()
+        if isinstance(obj, (ConfigMap, Secret)) and obj.immutable:
+            tracker._immutable_seen(self.key)
+            self.scope.cancel()
 
 
 class FetchedObjects:
