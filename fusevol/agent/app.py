@@ -44,6 +44,7 @@ import trio
 from fusevol.agent import sdnotify
 from fusevol.agent.collector import collect_when_quiet
 from fusevol.agent.handover import (
+    RELEASE_WAIT_S,
     Predecessor,
     be_lame_duck,
     find_predecessor,
@@ -69,7 +70,7 @@ from fusevol.observe.metrics import Metrics
 from fusevol.observe.status import StatusReporter
 from fusevol.projection.downward import node_allocatable
 from fusevol.provision.hostpath import HostPathProvisioner
-from fusevol.volumemanager.cache.actual import ActualState
+from fusevol.volumemanager.cache.actual import ActualState, MountState
 from fusevol.volumemanager.cache.desired import DesiredState
 from fusevol.volumemanager.cache.seen import FirstSeen
 from fusevol.volumemanager.cache.store import ObjectStore
@@ -374,11 +375,19 @@ class Agent:
             await nursery.start(hear)
             if not self._holder_has_it:  # a holder that started meanwhile asked nobody
                 self._offer_to_holder()
-        nursery.start_soon(self.frozen.run)  # binds of a connection we could not take over
+        nursery.start_soon(self._find_frozen)  # binds of a connection we could not take over
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
         self._mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)
         sdnotify.notify(sdnotify.READY)
+
+    async def _find_frozen(self) -> None:
+        """Frozen volumes (fusevol.observe.frozen), searched once the volumes found on the node
+        are set up again (a container's bind is frozen only if no fresh bind covers it)."""
+        with trio.move_on_after(RELEASE_WAIT_S):
+            while any(v.state is MountState.UNCERTAIN for v in self.actual.mounted_volumes()):
+                await self.actual.wait_changed(self.actual.generation)
+        await self.frozen.run()
 
     async def _stop(self, lock: AgentLock, predecessor: Predecessor | None) -> None:
         """HANDING_OVER or TEARING_DOWN, to the end: STOPPED, or LAME_DUCK first when launched."""

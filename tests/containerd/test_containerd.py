@@ -157,6 +157,7 @@ def test_running_container_reads_through_agent_restarts(
     bind is rprivate keeps failing once the connection is lost (README; test_takeover.py has the
     cases where it is kept)."""
     agents = [agent]  # every generation: a failure must not leave one running
+    frozen = r"frozen volume pod=default/web volume=(config|creds): .* 1 container\(s\) read it"
     try:
         out, private_out = tmp_path / "out", tmp_path / "private-out"
         out.mkdir()
@@ -191,6 +192,8 @@ def test_running_container_reads_through_agent_restarts(
                 restarted = time.monotonic()  # the new `fusevol run` starts now
                 agent = _start(agent.manifests, agent.root, generation)
                 agents.append(agent)
+                for each in agents:  # (their log files: the one path, renamed between them)
+                    each.expect_log(frozen)  # after the crash: the rprivate container's
                 ready = time.monotonic()
                 previous.wait_agent_gone(5)  # after an upgrade: the lame duck, released
                 gone = time.monotonic()
@@ -218,9 +221,11 @@ def test_running_container_reads_through_agent_restarts(
                     figures[-1] += " (a bare interpreter start with the agent's imports: "
                     figures[-1] += f"{start_up * 1000:.0f} ms)"
                     assert recovered - restarted < 1.0 + start_up, figures[-1]
-            # Without propagation the container keeps the dead mount.
+            # Without propagation the container keeps the dead mount, and the agent says so.
             time.sleep(0.2)
             assert [line for _, line in private_clock.lines[-10:]] == ["fail"] * 10
+            frozen = wait_for(lambda: agent.snapshot().get("frozen_volumes"), timeout_s=10)
+            assert {(f["volume"], f["containers"]) for f in frozen} == {("config", 1), ("creds", 1)}
         finally:
             clock.close()
             private_clock.close()
