@@ -33,6 +33,7 @@ per watch) at `--baseline-pods` in the same run, for the ratios.
 from __future__ import annotations
 
 import argparse
+import collections
 import concurrent.futures
 import json
 import math
@@ -317,7 +318,6 @@ class Restart:
 def restart(agent: Agent, pods: int, command: str) -> Restart:
     """Run `command` (kill -9 of the API server and its restart) under a running agent."""
     before = agent.statistics()["source"]
-    watches = before["api"]["streams"]
     every = max(1, pods // 50)
     sample = [
         agent.path(i, plugin, volume, key)
@@ -334,11 +334,22 @@ def restart(agent: Agent, pods: int, command: str) -> Restart:
     assert proc.returncode == 0, f"restart command failed: {proc.returncode}"
     ready_s = time.monotonic() - started
 
-    def resumed() -> dict[str, Any] | None:
-        now: dict[str, Any] = agent.statistics()["source"]
-        return now if now["api"]["streams"] >= watches else None
-
-    after = wait_for(resumed, timeout_s=120, interval_s=0.1)
+    watches = 2 * pods + OTHER_WATCHES
+    timeline = []
+    deadline = time.monotonic() + 180
+    while True:  # until every watch streams again (or 180 s): the open streams, each second
+        after: dict[str, Any] = agent.statistics()["source"]
+        timeline.append((time.monotonic() - started, after["api"]["streams"]))
+        if after["api"]["streams"] >= watches or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    print("streams after the kill:", [(round(t, 1), n) for t, n in timeline[::10]], flush=True)
+    levels = collections.Counter(
+        " ".join(line.split()[2:4])
+        for line in agent.process.log_text().splitlines()
+        if " WARNING " in line or " ERROR " in line
+    )
+    print("the agent's warnings and errors:", levels.most_common(8), flush=True)
     resumed_s = time.monotonic() - started
     changed += sum(p.read_bytes() != c for p, c in zip(sample, contents, strict=True))
     return Restart(

@@ -212,7 +212,8 @@ class Connection:
         return response
 
     def close(self, reason: str) -> None:
-        """Fail every stream, say GOAWAY if we can, and close the socket."""
+        """Fail every stream and stop taking new ones; the connection's tasks end and close
+        the socket."""
         if self._closed:
             return
         self._closed = True
@@ -279,13 +280,13 @@ class Connection:
                 nursery.start_soon(self._write_loop)
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
-        except (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-            self.close(f"connection lost: {exc or type(exc).__name__}")
-        except h2.exceptions.ProtocolError as exc:
-            self.close(f"HTTP/2 protocol error: {exc!r}")
-        except Exception as exc:  # a system task must not raise: it would end the agent
-            log.exception("http2 connection failed connection=%s", self.label)
-            self.close(f"{type(exc).__name__}: {exc}")
+        except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as lost:
+            self.close(f"connection lost: {_first(lost)}")
+        except* h2.exceptions.ProtocolError as broken:
+            self.close(f"HTTP/2 protocol error: {_first(broken)!r}")
+        except* Exception as failed:  # a system task must not raise: it would end the agent
+            log.error("http2 connection failed connection=%s", self.label, exc_info=failed)
+            self.close(f"failed: {_first(failed)!r}")
         finally:
             self.close("closed")
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -482,6 +483,15 @@ async def _close_quietly(stream: trio.abc.Stream | None) -> None:
     if stream is not None:
         with trio.CancelScope(shield=True), trio.move_on_after(1):
             await trio.aclose_forcefully(stream)
+
+
+def _first(group: BaseExceptionGroup[Exception]) -> Exception:
+    """The first exception of a (nested) group: what a nursery of the connection raised."""
+    first: BaseException = group
+    while isinstance(first, BaseExceptionGroup):
+        first = first.exceptions[0]
+    assert isinstance(first, Exception)
+    return first
 
 
 def _error_name(code: object) -> str:

@@ -10,7 +10,10 @@ than the stream window arrives whole.
 
 from __future__ import annotations
 
+import logging
+import socket
 import ssl
+import struct
 from typing import TYPE_CHECKING
 
 import h2.config
@@ -140,3 +143,33 @@ async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
             await response.receive()
         assert pool.connections == 0
         nursery.cancel_scope.cancel()
+
+
+async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_and_quietly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    answered = trio.Event()
+
+    async def reset_after_headers(tcp: trio.SocketStream) -> None:
+        """h2c: SETTINGS, the response's headers, then a TCP reset (SO_LINGER 0)."""
+        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+        server.initiate_connection()
+        await tcp.send_all(server.data_to_send())
+        while not answered.is_set():
+            for event in server.receive_data(await tcp.receive_some(65536)):
+                if isinstance(event, h2.events.RequestReceived):
+                    server.send_headers(event.stream_id, [(":status", "200")])
+                    answered.set()
+            await tcp.send_all(server.data_to_send())
+        tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        tcp.socket.close()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, reset_after_headers, 0)
+        port = listeners[0].socket.getsockname()[1]
+        pool = Pool(host="127.0.0.1", port=port, ssl_context=None)
+        response = await pool.request(headers("/watch"))
+        with trio.fail_after(5), pytest.raises(ConnectionLost, match="connection lost"):
+            await response.receive()
+        nursery.cancel_scope.cancel()
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
