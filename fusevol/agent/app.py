@@ -64,6 +64,7 @@ from fusevol.fuse.session import Connection, serve
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
 from fusevol.observe import component_metrics
+from fusevol.observe.auth import Authorizer
 from fusevol.observe.frozen import FrozenVolumes
 from fusevol.observe.http import HealthServer
 from fusevol.observe.metrics import Metrics
@@ -193,6 +194,9 @@ class Agent:
             healthy=lambda: self.lifecycle.fuse_up,
             ready=self._reconciled,
             status=self.status.snapshot,
+            authorizer=Authorizer(node_name=settings.node_name, post=built.post)
+            if settings.http.auth
+            else None,
         )
         component_metrics.register(
             self.metrics,

@@ -17,6 +17,8 @@ from fusevol.provision.record import ManifestVolumeRecorder
 from fusevol.source.local import ManifestSource
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
     import trio
 
     from fusevol.base.settings import Settings
@@ -55,6 +57,8 @@ class BuiltSource(NamedTuple):
     source's `track`; None for manifests, which hold every object of their directory)."""
     name: str
     """The source in the CSI plugin's refusals."""
+    post: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
+    """The API client's POST (the reviews of `fusevol.observe.auth`); None without the API."""
 
 
 def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
@@ -76,7 +80,7 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
             settings=settings.kube,
             recorder=recorder,
         )
-        return BuiltSource(source, recorder, None, source.track, "API source")
+        return BuiltSource(source, recorder, None, source.track, "API source", client.post)
     if settings.manifests is None:
         raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
     manifest_recorder = ManifestVolumeRecorder(

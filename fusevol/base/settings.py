@@ -62,6 +62,9 @@ class HttpSettings:
     """Created once the agent serves every volume of its first pass, removed as soon as it
     stops: for an exec readiness probe where the HTTP port may be another agent's (a DaemonSet
     pod on the host network, during a rollout: the old and the new pod share the node's port)."""
+    auth: bool = True
+    """`/metrics` and `/status` answer another host only if the API server says it may
+    (`fusevol.observe.auth`); False (`--http-auth none`): they answer anyone."""
 
 
 class ChangeDetection(enum.Enum):

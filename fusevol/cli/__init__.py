@@ -255,6 +255,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     _env_option(
         run,
+        "--http-auth",
+        choices=("kubernetes", "none"),
+        default="kubernetes",
+        help="who may read /metrics and /status from another host: whom the API server "
+        "authenticates (TokenReview) and authorizes (SubjectAccessReview: get nodes/metrics, "
+        "nodes/proxy of this node), as kubelet's API; none: anyone (default: %(default)s)",
+    )
+    _env_option(
+        run,
         "--ready-file",
         type=Path,
         metavar="PATH",

@@ -44,7 +44,12 @@ def main(args: argparse.Namespace) -> int:
         manifests=None if kube is not None else args.manifests.absolute(),
         kube=kube,
         node_allocatable=allocatable,
-        http=HttpSettings(host=args.http_host, port=args.http_port, ready_file=args.ready_file),
+        http=HttpSettings(
+            host=args.http_host,
+            port=args.http_port,
+            ready_file=args.ready_file,
+            auth=args.http_auth == "kubernetes",
+        ),
         csi=CsiSettings(
             args.csi_endpoint,
             args.kubelet_dir.absolute(),

@@ -3,6 +3,7 @@
 `http` (/healthz, /readyz, /metrics and /status), `metrics` (the Prometheus registry and metric
 types, kubelet's names where kubelet has one; the only user of prometheus_client),
 `component_metrics` (what each component tells Prometheus, read on every scrape), `status`
-(the snapshot `fusevol status` reads, written when the reconciler is quiet) and `frozen` (frozen
-volumes named in the status, the metrics and a Warning event).
+(the snapshot `fusevol status` reads, written when the reconciler is quiet), `frozen` (frozen
+volumes named in the status, the metrics and a Warning event) and `auth` (who may read /metrics
+and /status from another host: whom the API server says).
 """

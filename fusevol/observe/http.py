@@ -9,6 +9,9 @@ kubelet or systemd watchdog restarts the agent.
     /readyz    200 once every source has been read completely and a reconcile pass followed
     /metrics   Prometheus text format (fusevol.observe.metrics)
     /status    the status snapshot (`fusevol status --json` adds `agent` and `mounts` to it)
+
+`/metrics` and `/status` answer a caller on another host only if the API server says it may
+(`fusevol.observe.auth`, as kubelet's API does): 401 or 403 otherwise.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from fusevol.base.errors import FusevolError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from fusevol.observe.auth import Authorizer
     from fusevol.observe.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -42,6 +46,8 @@ class Response:
 
 _REASONS = {
     200: "OK",
+    401: "Unauthorized",
+    403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
     400: "Bad Request",
@@ -59,7 +65,10 @@ class HealthServer:
         healthy: Callable[[], bool],
         ready: Callable[[], bool],
         status: Callable[[], dict[str, Any]],
+        authorizer: Authorizer | None = None,
     ) -> None:
+        """`authorizer`: who may read `/metrics` and `/status` from another host (None: all)."""
+        self._authorizer = authorizer
         self._host = host
         self._port = port
         self._routes: dict[str, Callable[[], Response]] = {
@@ -92,29 +101,44 @@ class HealthServer:
     async def _handle(self, stream: trio.SocketStream) -> None:
         try:
             with trio.move_on_after(READ_TIMEOUT_S):
-                response = self._respond(await _read_head(stream))
+                peer = stream.socket.getpeername()[0]
+                response = await self._respond(await _read_head(stream), peer)
                 await stream.send_all(_encode(response))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
             pass
         finally:
             await trio.aclose_forcefully(stream)
 
-    def _respond(self, head: bytes | None) -> Response:
+    async def _respond(self, head: _Head | None, peer: str) -> Response:
         if head is None:
             return Response(400, b"bad request\n")
-        method, _, rest = head.partition(b" ")
+        method, _, rest = head.line.partition(b" ")
         path = rest.partition(b" ")[0].split(b"?", 1)[0].decode("ascii", "replace")
         if method != b"GET":
             return Response(405, b"GET only\n")
         route = self._routes.get(path)
-        return route() if route else Response(404, b"not found\n")
+        if route is None:
+            return Response(404, b"not found\n")
+        if self._authorizer is not None:
+            denied = await self._authorizer.check(path, peer, head.authorization)
+            if denied is not None:
+                return Response(denied.status, f"{denied.message}\n".encode())
+        return route()
 
 
 def _check(ok: bool, yes: str, no: str) -> Response:
     return Response(200, f"{yes}\n".encode()) if ok else Response(503, f"{no}\n".encode())
 
 
-async def _read_head(stream: trio.SocketStream) -> bytes | None:
+@dataclass(frozen=True, slots=True)
+class _Head:
+    line: bytes
+    """The request line."""
+    authorization: str
+    """The Authorization header's value, or ""."""
+
+
+async def _read_head(stream: trio.SocketStream) -> _Head | None:
     data = b""
     while b"\r\n\r\n" not in data and b"\n\n" not in data:
         chunk = await stream.receive_some(4096)
@@ -123,8 +147,13 @@ async def _read_head(stream: trio.SocketStream) -> bytes | None:
         data += chunk
         if len(data) > MAX_HEAD_BYTES:
             return None
-    line = data.split(b"\n", 1)[0].rstrip(b"\r")
-    return line or None
+    line, *fields = data.replace(b"\r\n", b"\n").split(b"\n\n", 1)[0].split(b"\n")
+    authorization = ""
+    for field in fields:
+        name, _, value = field.partition(b":")
+        if name.strip().lower() == b"authorization":
+            authorization = value.strip().decode("latin-1")
+    return _Head(line, authorization) if line.strip() else None
 
 
 def _encode(response: Response) -> bytes:

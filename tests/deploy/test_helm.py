@@ -95,6 +95,8 @@ EXPECTED_RULES = {
     *(("storage.k8s.io", "storageclasses", verb) for verb in ("get", "list", "watch")),
     ("", "persistentvolumes", "create"),
     ("", "persistentvolumes", "delete"),
+    ("authentication.k8s.io", "tokenreviews", "create"),
+    ("authorization.k8s.io", "subjectaccessreviews", "create"),
 }
 """What the Kubernetes API source does (list+watch this node's pods, get/list/watch the objects
 of their volumes and the classes of their unbound claims, TokenRequest, events, create and delete
@@ -221,6 +223,7 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
     # The pod's IP (what probes and scrapers reach) unless told; never the agent's loopback
     # default without the probes following it.
     assert args.http_host == (want["httpHost"] or "10.0.0.7")
+    assert args.http_auth == want["httpAuth"] == "kubernetes"  # /status asks the API server
     assert named(container["env"], "POD_IP")["valueFrom"] == {
         "fieldRef": {"fieldPath": "status.podIP"}
     }

@@ -22,7 +22,11 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
   once: the `kubernetes.io/pv-protection` finalizer, which keeps a Bound PV, is not modelled);
 - objects stored as kube-apiserver v1.28 stores them: defaulted, quantities canonical
   (`tests/helpers/defaults.py`; admission plugins are not modelled);
-- bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates.
+- bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates;
+- TokenReview (`POST /apis/authentication.k8s.io/v1/tokenreviews`): the tokens of `users`
+  (token -> username and groups) are authenticated, others are not; SubjectAccessReview
+  (`POST /apis/authorization.k8s.io/v1/subjectaccessreviews`): allowed for what `allow()` granted
+  (user or group, verb, resource, subresource, name), as RBAC would answer.
 
 The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
 global resourceVersion and wake the watches, and steer faults: `cut_watches()` (a watch dies in
@@ -76,7 +80,11 @@ TOKEN = "fusevol-test-token"
 NAMESPACED = {"pods": "Pod", "configmaps": "ConfigMap", "secrets": "Secret"}
 NAMESPACED["persistentvolumeclaims"] = "PersistentVolumeClaim"
 CLUSTER = {"persistentvolumes": "PersistentVolume", "storageclasses": "StorageClass"}
-GROUPS = {"storageclasses": "storage.k8s.io"}
+GROUPS = {
+    "storageclasses": "storage.k8s.io",
+    "tokenreviews": "authentication.k8s.io",
+    "subjectaccessreviews": "authorization.k8s.io",
+}
 """API group of the resources not in core/v1."""
 RESOURCE_OF = {kind: plural for plural, kind in {**NAMESPACED, **CLUSTER}.items()}
 FIELDS = {"metadata.name", "metadata.namespace"}
@@ -148,6 +156,9 @@ class ApiServer:
         self.events: dict[tuple[str, str], Obj] = {}
         self.tokens_issued: list[Obj] = []
         self.service_accounts: set[tuple[str, str]] = set()
+        self.users: dict[str, tuple[str, list[str]]] = {}
+        """Bearer token -> (username, groups), for TokenReview."""
+        self._grants: set[tuple[str, str, str, str, str]] = set()
         self.pv_controller = True
         self.fault: str | None = None
         """One of `FAULTS`, set with `set_fault`."""
@@ -344,6 +355,37 @@ class ApiServer:
 
     # -- internals (under the lock) ----------------------------------------------------------------
 
+    def allow(
+        self, subject: str, verb: str, resource: str, subresource: str = "", name: str = ""
+    ) -> None:
+        """Have SubjectAccessReview allow `subject` (a username or a group) `verb` on
+        `resource`/`subresource` (of the object `name`; "" any)."""
+        self._grants.add((subject, verb, resource, subresource, name))
+
+    def _review_token(self, body: Obj) -> Obj:
+        user = self.users.get((body.get("spec") or {}).get("token", ""))
+        status: Obj = {"authenticated": False, "error": "invalid bearer token"}
+        if user is not None:
+            username, groups = user
+            status = {
+                "authenticated": True,
+                "user": {"username": username, "uid": f"uid-{username}", "groups": groups},
+                "audiences": ["https://kubernetes.default.svc"],
+            }
+        return {**body, "status": status}
+
+    def _review_access(self, body: Obj) -> Obj:
+        spec = body.get("spec") or {}
+        attributes = spec.get("resourceAttributes") or {}
+        wanted = [attributes.get(k, "") for k in ("verb", "resource", "subresource", "name")]
+        allowed = any(
+            subject in (spec.get("user"), *spec.get("groups", []))
+            and [verb, resource, subresource] == wanted[:3]
+            and name in ("", wanted[3])
+            for subject, verb, resource, subresource, name in self._grants
+        )
+        return {**body, "status": {"allowed": allowed}}
+
     def _identity(self, obj: Obj) -> tuple[str, str, str]:
         resource = RESOURCE_OF[obj["kind"]]
         meta = obj.setdefault("metadata", {})
@@ -496,6 +538,10 @@ class ApiServer:
             with self._cond:
                 response = self._issue_token(namespace, rest[1], body)
             await _send_json(stream, 201, response)
+        elif rest == ["tokenreviews"] and method == "POST" and namespace is None:
+            await _send_json(stream, 201, self._review_token(body))
+        elif rest == ["subjectaccessreviews"] and method == "POST" and namespace is None:
+            await _send_json(stream, 201, self._review_access(body))
         elif rest == ["persistentvolumes"] and method == "POST" and namespace is None:
             body.setdefault("kind", "PersistentVolume")
             await _send_json(stream, 201, self.create(body))

@@ -1,0 +1,114 @@
+"""Who may read `/status` and `/metrics` (`fusevol.observe.auth`): on a non-loopback address only
+callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get
+`nodes/proxy` for /status, `nodes/metrics` for /metrics, of this node), as kubelet's own API; on
+loopback, and for the probes, everyone, as before."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import re
+import subprocess
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from tests.agent import NODE
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from tests.agent import AgentProcess
+    from tests.helpers.apiserver import ApiServer
+
+ADDRESS = "198.18.0.1"
+"""Not a loopback address (the benchmarking range), put on `lo` for the test: a caller on it
+is "another host" to the agent."""
+SCRAPER, VIEWER, STRANGER = "scraper-token", "viewer-token", "stranger-token"
+
+
+@pytest.fixture
+def other_host() -> Iterator[str]:
+    subprocess.run(["ip", "addr", "add", f"{ADDRESS}/32", "dev", "lo"], check=True)
+    try:
+        yield ADDRESS
+    finally:
+        subprocess.run(["ip", "addr", "del", f"{ADDRESS}/32", "dev", "lo"], check=False)
+
+
+def get(agent: AgentProcess, host: str, path: str, token: str | None = None) -> tuple[int, str]:
+    port = re.findall(r"http listening address=\S*:(\d+)", agent.log_text())[-1]
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    if host != "127.0.0.1":
+        connection.source_address = (host, 0)  # the caller is on that address
+    with contextlib.closing(connection):
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        connection.request("GET", path, headers=headers)
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+
+
+def reviews(api: ApiServer, kind: str) -> int:
+    return sum(1 for r in api.requests if r.method == "POST" and r.path.endswith(kind))
+
+
+def test_status_and_metrics_answer_another_host_as_the_api_server_says(
+    api: ApiServer, kube_agent: Callable[..., Any], other_host: str
+) -> None:
+    api.users[SCRAPER] = ("system:serviceaccount:monitoring:prometheus", ["system:serviceaccounts"])
+    api.users[VIEWER] = ("alice", ["ops"])
+    api.users[STRANGER] = ("mallory", [])
+    api.allow("system:serviceaccount:monitoring:prometheus", "get", "nodes", "metrics")
+    api.allow("ops", "get", "nodes", "proxy", NODE)  # by group, for this node only
+    with kube_agent("--http-host", "0.0.0.0") as agent:
+        # Probes, and the node itself, need nothing.
+        for path in ("/healthz", "/readyz"):
+            assert get(agent, other_host, path)[0] == 200
+        assert get(agent, "127.0.0.1", "/status")[0] == 200
+        assert get(agent, "127.0.0.1", "/metrics")[0] == 200
+
+        status, body = get(agent, other_host, "/status")
+        assert (status, body) == (401, "/status: send a bearer token (Authorization: Bearer ...)\n")
+        status, body = get(agent, other_host, "/metrics", "forged")
+        assert (status, body) == (401, "/metrics: the API server does not know this token\n")
+        status, body = get(agent, other_host, "/status", STRANGER)
+        assert status == 403
+        assert body == f'/status: user "mallory" may not get nodes/proxy of node "{NODE}"\n'
+        assert get(agent, other_host, "/status", SCRAPER)[0] == 403  # metrics only
+        assert get(agent, other_host, "/metrics", VIEWER)[0] == 403  # status only
+
+        status, body = get(agent, other_host, "/metrics", SCRAPER)
+        assert status == 200
+        assert "fusevol_fuse_requests_total" in body
+        status, body = get(agent, other_host, "/status", VIEWER)
+        assert status == 200
+        assert f'"node": "{NODE}"' in body
+
+        # Answers are kept a while, as kubelet's caches keep them: no review per scrape.
+        before = reviews(api, "tokenreviews"), reviews(api, "subjectaccessreviews")
+        for _ in range(5):
+            assert get(agent, other_host, "/metrics", SCRAPER)[0] == 200
+            assert get(agent, other_host, "/status", STRANGER)[0] == 403
+        assert (reviews(api, "tokenreviews"), reviews(api, "subjectaccessreviews")) == before
+        assert STRANGER not in agent.log_text()  # tokens are never logged
+
+
+def test_without_the_api_another_host_is_refused_and_none_opens_it(
+    manifests: Any, tmp_path: Any, other_host: str
+) -> None:
+    """The manifests source has no API server to ask: another host is refused, until the
+    operator says `--http-auth none`."""
+    from tests.agent import running_agent
+
+    with running_agent(manifests, tmp_path / "root", "--http-host", "0.0.0.0") as agent:
+        status, body = get(agent, other_host, "/status")
+        assert status == 403
+        assert "only with the Kubernetes API source" in body
+        assert get(agent, other_host, "/healthz")[0] == 200
+        assert get(agent, "127.0.0.1", "/status")[0] == 200
+        agent.stop()
+    with running_agent(
+        manifests, tmp_path / "root2", "--http-host", "0.0.0.0", "--http-auth", "none"
+    ) as agent:
+        assert get(agent, other_host, "/status")[0] == 200
+        agent.stop()
