@@ -38,9 +38,9 @@ def other_host() -> Iterator[str]:
 
 def get(agent: AgentProcess, host: str, path: str, token: str | None = None) -> tuple[int, str]:
     port = re.findall(r"http listening address=\S*:(\d+)", agent.log_text())[-1]
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    if host != "127.0.0.1":
-        connection.source_address = (host, 0)  # the caller is on that address
+    # The caller is on that address (another host, unless it is loopback).
+    source = None if host == "127.0.0.1" else (host, 0)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10, source_address=source)
     with contextlib.closing(connection):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         connection.request("GET", path, headers=headers)
