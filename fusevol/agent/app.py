@@ -233,6 +233,7 @@ class Agent:
                     is_mount_point=self.backend.is_mount_point,
                     track=built.csi_track,
                     source_name=built.name,
+                    request_tokens=settings.csi.token_requests,
                 ),
                 ready=lambda: self.lifecycle.fuse_up and self._reconciled(),
             )

@@ -102,6 +102,10 @@ class CsiSettings:
     register: bool = True
     """Answer kubelet's plugin registration (`fusevol.csi.registration`); False where
     `fusevol hold` answers it."""
+    token_requests: bool = True
+    """With the API source, request by TokenRequest the tokens kubelet did not pass (audiences
+    missing from the CSIDriver's tokenRequests); False: kubelet's only, and the agent needs no
+    permission to mint tokens."""
 
 
 DEFAULT_ROOT = "/var/lib/fusevol"

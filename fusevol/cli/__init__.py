@@ -295,6 +295,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     _env_option(
         run,
+        "--csi-token-requests",
+        type=boolean,
+        default=True,
+        metavar="true|false",
+        help="request by TokenRequest the serviceAccountToken audiences kubelet does not pass "
+        "(missing from the CSIDriver's tokenRequests); false: kubelet's tokens only, and the "
+        "agent needs no right to mint tokens (default: %(default)s)",
+    )
+    _env_option(
+        run,
         "--csi-registration",
         choices=("agent", "holder"),
         default="agent",

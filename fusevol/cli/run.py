@@ -54,6 +54,7 @@ def main(args: argparse.Namespace) -> int:
             args.csi_endpoint,
             args.kubelet_dir.absolute(),
             register=args.csi_registration == "agent",
+            token_requests=args.csi_token_requests,
         )
         if args.csi_endpoint
         else None,

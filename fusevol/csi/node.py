@@ -101,11 +101,13 @@ class CsiNode:
         is_mount_point: Callable[[Path], bool],
         track: Tracker | None = None,
         source_name: str = "source",
+        request_tokens: bool = True,
         pod_wait_s: float = POD_WAIT_S,
         timeout_s: float = PUBLISH_TIMEOUT_S,
     ) -> None:
-        """`track`: the API source's (`Tracker`); without it tokens come from kubelet only.
-        `source_name` names the source in refusals."""
+        """`track`: the API source's (`Tracker`); without it, or without `request_tokens`
+        (a deployment that may not mint tokens: `--csi-token-requests false`), tokens come from
+        kubelet only. `source_name` names the source in refusals."""
         self._state_path = state_path
         self.kubelet_dir = kubelet_dir
         self.node_name = node_name
@@ -117,8 +119,13 @@ class CsiNode:
         self._kick = kick
         self._is_mount_point = is_mount_point
         self._track: Tracker = track or _track_nothing
-        self._can_request_tokens = track is not None
+        self._can_request_tokens = track is not None and request_tokens
         self._source_name = source_name
+        self._no_tokens = (
+            f"the {source_name} requests none"
+            if track is None
+            else "the agent requests none: --csi-token-requests false"
+        )
         self._pod_wait_s = pod_wait_s
         self._timeout_s = timeout_s
         self._published: dict[str, Publication] = {}
@@ -294,8 +301,7 @@ class CsiNode:
                     Code.FAILED_PRECONDITION,
                     f"serviceAccountToken {projection.path!r}: no token for audience "
                     f"{projection.audience!r} in csi.storage.k8s.io/serviceAccount.tokens: list "
-                    f"it in the tokenRequests of the CSIDriver {DRIVER} (the {self._source_name} "
-                    "requests none)",
+                    f"it in the tokenRequests of the CSIDriver {DRIVER} ({self._no_tokens})",
                 )
         return False
 

@@ -463,3 +463,27 @@ def get_info(registration: Path) -> Any:
             response_deserializer=reg.PluginInfo.FromString,
         )
         return rpc(reg.InfoRequest(), timeout=10)
+
+
+def test_without_token_requests_tokens_are_kubelets_only(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """`--csi-token-requests false` (the chart with CSI, which grants no serviceaccounts/token):
+    a token comes from kubelet (the CSIDriver's tokenRequests) or the publish fails, naming the
+    audience to list there; the agent requests none."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("info", volume=json.dumps(WITH_TOKEN))])
+    api.create(web)
+    with csi_agent("--csi-token-requests", "false") as (agent, kubelet):
+        agent.expect_log("mount failed .*no token for audience 'vault'")
+        with pytest.raises(grpc.RpcError) as failed:
+            kubelet.publish(web, "info")
+        assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+        assert str(failed.value.details()).endswith(
+            "list it in the tokenRequests of the CSIDriver fusevol.io (the agent requests none:"
+            " --csi-token-requests false)"
+        )
+        info = kubelet.publish(web, "info", tokens={"vault": "kubelets-token"})
+        assert (info / "token").read_text() == "kubelets-token"
+        kubelet.unpublish(web, "info")
+    assert api.tokens_issued == []

@@ -81,6 +81,7 @@ VALUE_SETS = [
     pytest.param(NO_RBAC, id="no-rbac"),
 ]
 
+VIEW = ("get", "list", "watch")
 EXPECTED_RULES = {
     ("", "pods", "list"),
     ("", "pods", "watch"),
@@ -533,4 +534,73 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
     assert named(container["volumeMounts"], "plugins-registry") == {
         "name": "plugins-registry",
         "mountPath": registry,
+    }
+
+
+CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for verb in VIEW}
+
+
+@pytest.mark.parametrize(
+    ("values", "cluster_wide", "namespaced"),
+    [
+        pytest.param({}, EXPECTED_RULES, {}, id="default"),
+        pytest.param(
+            {"csi": {"enabled": True}},
+            EXPECTED_RULES - {("", "serviceaccounts/token", "create")},
+            {},
+            id="csi",
+        ),
+        pytest.param(
+            {"csi": {"enabled": True}, "rbac": {"namespaces": ["team-a", "team-b"]}},
+            EXPECTED_RULES - {("", "serviceaccounts/token", "create")} - CONFIG,
+            {"team-a": CONFIG, "team-b": CONFIG},
+            id="csi-namespaces",
+        ),
+        pytest.param(
+            {"rbac": {"namespaces": ["team-a"]}},
+            EXPECTED_RULES - CONFIG,
+            {"team-a": CONFIG},
+            id="namespaces",
+        ),
+    ],
+)
+def test_each_setting_grants_exactly_its_documented_rules(
+    chart: helm.Chart,
+    values: Obj,
+    cluster_wide: set[tuple[str, str, str]],
+    namespaced: dict[str, set[tuple[str, str, str]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """No extra verb or resource, cluster-wide or in any namespace: with CSI the agent mints
+    no token (kubelet passes them, and the agent is told so), with rbac.namespaces ConfigMaps
+    and Secrets are readable in those namespaces only."""
+    objs = render(chart, values)
+    assert granted(one(objs, "ClusterRole")) == cluster_wide
+    roles = {o["metadata"]["namespace"]: granted(o) for o in objs if o["kind"] == "Role"}
+    assert roles == namespaced
+    account = one(objs, "ServiceAccount")["metadata"]["name"]
+    bindings = [o for o in objs if o["kind"] == "RoleBinding"]
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == sorted(namespaced)
+    for binding in bindings:
+        assert binding["roleRef"]["kind"] == "Role"
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+        ]
+    for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
+        monkeypatch.delenv(name)
+    [container] = agent(objs)["spec"]["template"]["spec"]["containers"]
+    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    assert args.csi_token_requests is not values.get("csi", {}).get("enabled", False)
+    for obj in objs:
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(obj, version, strict=True)
+
+
+def granted(role: Obj) -> set[tuple[str, str, str]]:
+    return {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
     }
