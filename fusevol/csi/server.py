@@ -98,6 +98,8 @@ class CsiServer:
         """Set by a handing-over stop: Node calls go to the successor (`_forward`)."""
         self._replaced = threading.Event()
         """Set once the successor's socket is in place, or `linger` gave up waiting for it."""
+        self._in_flight: set[trio.CancelScope] = set()
+        """The calls being served in trio: a handing-over stop interrupts them (`_forward`)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: restore the recorded targets, then listen."""
@@ -122,6 +124,8 @@ class CsiServer:
             if self._handing_over():  # the successor replaces both sockets; we serve on
                 self._kept = server
                 self._forwarding.set()
+                for call in list(self._in_flight):  # they wait for a reconciler that stopped
+                    call.cancel()
             else:
                 server.stop(grace=None)  # cancels calls in flight; kubelet retries them
                 unlink_if_same(self.path, self._inode)
@@ -237,14 +241,24 @@ class CsiServer:
     def _in_trio(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
         """Run `fn()` (async) in the agent's trio loop; a CsiError becomes its gRPC status."""
         try:
-            return trio.from_thread.run(fn, trio_token=self._token)
+            return trio.from_thread.run(self._interruptible, fn, trio_token=self._token)
         except CsiError as exc:
             log.info("csi call refused code=%s error=%s", exc.code.value, exc)
             context.abort(grpc.StatusCode[exc.code.value], str(exc))
-        except (trio.RunFinishedError, trio.Cancelled):
+        except (trio.RunFinishedError, trio.Cancelled, _Interrupted):
             if self._forwarding.is_set():
                 raise _Interrupted from None
             context.abort(grpc.StatusCode.UNAVAILABLE, "the fusevol agent is stopping")
+
+    async def _interruptible(self, fn: Callable[[], Any]) -> Any:
+        """`fn()`, unless a handing-over stop interrupts it: `_Interrupted`."""
+        with trio.CancelScope() as scope:
+            self._in_flight.add(scope)
+            try:
+                return await fn()
+            finally:
+                self._in_flight.discard(scope)
+        raise _Interrupted
 
     def _or_successor(
         self,

@@ -88,13 +88,17 @@ class Containerd:
             time.sleep(0.01)
 
     def ctr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
+        """`ctr` on this daemon; with `check`, a failure raises with what ctr said."""
+        ran = subprocess.run(
             ["ctr", "--address", str(self.socket), *args],
             capture_output=True,
             text=True,
             timeout=30,
-            check=check,
+            check=False,
         )
+        if check and ran.returncode != 0:
+            raise RuntimeError(f"ctr {' '.join(args[:2])} {args[-1]!r}: {ran.stderr.strip()}")
+        return ran
 
     def run(self, name: str, rootfs: Path, *mounts: str, command: tuple[str, ...]) -> str:
         """Start container `name` on `rootfs` in the background; each mount is a `--mount`
