@@ -38,6 +38,7 @@ import concurrent.futures
 import json
 import math
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -345,7 +346,7 @@ def restart(agent: Agent, pods: int, command: str) -> Restart:
         time.sleep(0.1)
     print("streams after the kill:", [(round(t, 1), n) for t, n in timeline[::10]], flush=True)
     levels = collections.Counter(
-        " ".join(line.split()[2:4])
+        re.sub(r"[0-9]+", "N", line.split("error=", 1)[-1])[:160]
         for line in agent.process.log_text().splitlines()
         if " WARNING " in line or " ERROR " in line
     )
