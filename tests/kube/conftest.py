@@ -1,8 +1,8 @@
 """Fixtures for the Kubernetes API source: a loopback API server and the real agent talking to it.
 
-The agent is a real child process using the real `kubernetes` client against
-`tests.helpers.apiserver` through a kubeconfig; the tests change the cluster through the
-server's Python methods, as a controller would through the API.
+The agent is a real child process, its HTTP/2 client configured by the `kubernetes` package from a
+kubeconfig (the server's CA, a bearer token), against `tests.helpers.apiserver`; the tests change
+the cluster through the server's Python methods, as a controller would through the API.
 """
 
 from __future__ import annotations
