@@ -217,12 +217,14 @@ class Populator:
         )
 
     def resolve_csi(self, csi: CsiVolume) -> VolumeToServe:
-        """A CSI volume with the store's copy of its pod (the same uid), else the one it has;
-        fsGroup is the publish's `volume_mount_group`, and the bind is at kubelet's target."""
+        """A CSI volume with the store's copy of its pod (the same uid), else the one it has,
+        with kubelet's annotations as a pod-spec volume has them (a downward API file of
+        `metadata.annotations` shows them); fsGroup is the publish's `volume_mount_group`, and
+        the bind is at kubelet's target."""
         pod = self._store.get(csi.pod.key, Pod)
         if pod is None or pod.uid != csi.pod.uid:
             pod = csi.pod
-        pod = dataclasses.replace(pod, fs_group=csi.fs_group)
+        pod = dataclasses.replace(self._accept(pod), fs_group=csi.fs_group)
         resolved = self.resolve(pod, csi.volume)
         return dataclasses.replace(resolved, name=csi.name, read_only=True, target=csi.target)
 

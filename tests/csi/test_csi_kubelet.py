@@ -487,3 +487,29 @@ def test_without_token_requests_tokens_are_kubelets_only(
         assert (info / "token").read_text() == "kubelets-token"
         kubelet.unpublish(web, "info")
     assert api.tokens_issued == []
+
+
+def test_a_downward_api_file_of_annotations_shows_kubelets_own(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """kubelet adds `kubernetes.io/config.seen` and `kubernetes.io/config.source` to every pod it
+    accepts, and its downwardAPI volume shows them in `metadata.annotations`: a CSI volume of
+    the same source shows them too, as a pod-spec volume served by fusevol does."""
+    notes = {
+        "downwardAPI": {
+            "items": [{"path": "notes", "fieldRef": {"fieldPath": "metadata.annotations"}}]
+        }
+    }
+    web = pod(volumes=[csi_volume("notes", volume=json.dumps(notes))])
+    web["metadata"]["annotations"] = {"example.com/owner": "team-a"}
+    api.create(web)
+    with csi_agent() as (_, kubelet):
+        lines = (kubelet.publish(web, "notes") / "notes").read_text().splitlines()
+        kubelet.unpublish(web, "notes")
+    assert [line.split("=", 1)[0] for line in lines] == [
+        "example.com/owner",
+        "kubernetes.io/config.seen",
+        "kubernetes.io/config.source",
+    ]
+    assert lines[0] == 'example.com/owner="team-a"'
+    assert lines[2] == 'kubernetes.io/config.source="api"'
