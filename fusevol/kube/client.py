@@ -56,6 +56,9 @@ REQUESTS_IN_FLIGHT = 64
 """Requests sent and not yet answered (a watch: until its headers), at most: thousands of
 watches opened at once are a queue, not a burst that the server's priority and fairness would
 answer with 429s, and they stay within one connection's streams."""
+LARGE_BODY = 1 << 18
+"""An answer this long (a list of thousands of pods) is decoded in a worker thread: json holds the
+GIL, but not for longer than its switch interval while the trio thread has work."""
 CREDENTIALS_S = 10.0
 """How long an authorization header is used before the configuration is asked again (its
 refresh hook rereads the in-cluster token, or runs an exec plugin once the token expired)."""
@@ -285,7 +288,10 @@ class KubeClient:
         except trio.TooSlowError:
             raise ApiUnavailable(f"{self.host}: {method} {path}: timed out") from None
         try:
-            result: Obj = json.loads(text)
+            if len(text) < LARGE_BODY:
+                result: Obj = json.loads(text)
+            else:  # the trio thread runs meanwhile, at the GIL's switch interval
+                result = await trio.to_thread.run_sync(json.loads, text)
         except ValueError as exc:
             raise ApiUnavailable(f"{self.host}: {method} {path}: not JSON: {exc}") from None
         return result

@@ -18,9 +18,11 @@ The TLS material is made once per test process by openssl(1): a CA and a serving
 
 from __future__ import annotations
 
+import atexit
 import base64
 import contextlib
 import functools
+import shutil
 import ssl
 import subprocess
 import tempfile
@@ -68,6 +70,7 @@ class Certificates:
 def certificates() -> Certificates:
     """A CA and a certificate it signed for 127.0.0.1, made once per test process."""
     directory = Path(tempfile.mkdtemp(prefix="fusevol-test-apiserver-"))
+    atexit.register(shutil.rmtree, directory, True)
 
     def openssl(*args: str) -> None:
         subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
