@@ -5,8 +5,8 @@ What client-go's transport (Go's `http2.Transport`) does for kubelet, in the par
 
 - `Pool`: the connections to one origin. A request takes a stream on the first connection with
   room under the server's `SETTINGS_MAX_CONCURRENT_STREAMS`; only when every connection is full
-  (or has been told GOAWAY) is one more made, so the connections are ceil(streams / the server's
-  limit): one for a node's few hundred watches at kube-apiserver's default of 250 streams. Requests
+  is one more made, so the connections are ceil(streams / the server's limit): one for up to 250
+  watches at kube-apiserver's default limit (`--http2-max-streams-per-connection`). Requests
   that find no room while a connection is being made wait for it instead of dialling their own,
   and share its failure: after an API server restart every watch of the agent comes back over one
   new connection, and an unreachable server costs one refused dial per wave of retries.
