@@ -6,7 +6,8 @@ until every volume is mounted, edit latency, and a restart of the API server.
         [--restart-command 'CMD' --restart-pods 3000]      (root: mounts)
 
 Never against a cluster that matters: it creates the namespace `fusevol-bench` and deletes it at
-the end. For each N, N pods in it bound to the node `fusevol-bench-node` (spec.nodeName set: no
+the end (`KUBE_SCALE_KEEP_LOGS=DIR` keeps the agent's logs there, `KUBE_SCALE_LOG_LEVEL` sets their
+level). For each N, N pods in it bound to the node `fusevol-bench-node` (spec.nodeName set: no
 scheduler or kubelet acts on them; no service account token is mounted), each with a ConfigMap
 and a Secret volume of its own: 2N watched objects. The agent runs as that node
 (`--source kubernetes --kubeconfig K --node-name fusevol-bench-node`) without kubelet: it serves
@@ -39,6 +40,7 @@ import json
 import math
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -185,7 +187,7 @@ class Agent:
                 "--node-name",
                 NODE,
                 "--log-level",
-                "info",
+                os.environ.get("KUBE_SCALE_LOG_LEVEL", "info"),
             ),
             env=env,
             wrapper=("unshare", "--mount", "--propagation", "private"),
@@ -284,6 +286,8 @@ def measure(
                 after(agent)
         finally:
             agent.stop()
+            if keep := os.environ.get("KUBE_SCALE_KEEP_LOGS"):
+                shutil.copy(agent.process.log_path, Path(keep) / f"agent-{label}-{pods}.log")
     return row
 
 
