@@ -51,6 +51,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 log = logging.getLogger(__name__)
+# hpack logs every header it encodes or decodes at DEBUG: at the agent's debug level, thousands of
+# lines a second while watches open, for nothing the agent's own lines do not say.
+logging.getLogger("hpack").setLevel(logging.INFO)
 
 STREAM_WINDOW = 4 << 20
 """Go's transportDefaultStreamFlow."""
