@@ -97,7 +97,7 @@ class Containerd:
             check=False,
         )
         if check and ran.returncode != 0:
-            raise RuntimeError(f"ctr {' '.join(args[:2])} {args[-1]!r}: {ran.stderr.strip()}")
+            raise RuntimeError(f"ctr {' '.join(args)[:300]}: {ran.stderr.strip()}")
         return ran
 
     def run(self, name: str, rootfs: Path, *mounts: str, command: tuple[str, ...]) -> str:
