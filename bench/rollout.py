@@ -34,8 +34,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import percentile
 from tests.agent import AgentProcess, Holder, force_stop, wait_for, write_atomically
-from tests.containerd.runtime import Containerd, LineClock, bind, build_rootfs
-from tests.containerd.test_takeover import READ_LOOP, _directories, _failed, configmap
+from tests.containerd.runtime import Containerd, LineClock, build_rootfs
+from tests.containerd.test_takeover import (
+    _directories,
+    _failed,
+    configmap,
+    kill_pod,
+    start_readers,
+)
 from tests.manifests import POD_UID
 
 
@@ -79,24 +85,9 @@ def measure(tmp: Path, runs: int) -> list[tuple[str, str, str]]:
         agents[-1].wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by fusevol hold" in agents[-1].log_text())
         volume = agents[-1].volume(POD_UID, "configmap", "config")
-        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
-        for reads in (out / "reads", slave_out / "reads"):
-            reads.chmod(0o666)
-        for name, propagation, directory in (
-            ("plain", "rprivate", out),
-            ("slave", "rslave", slave_out),
-        ):
-            readers.append(
-                containerd.run(
-                    name,
-                    rootfs,
-                    bind(volume, "/etc/config", "ro", propagation),
-                    bind(directory, "/out", "rw"),
-                    command=("sleep", "100000"),
-                )
-            )
-            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
-            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        reading = start_readers(containerd, rootfs, volume, out, slave_out)
+        readers.extend(reading[0])
+        clock, slave_clock = reading[1:]
         clock.wait_for("ok v0 v0", after=0)
         time.sleep(2.0)
         rounds = [b - a for a, b in itertools.pairwise(at for at, _ in list(clock.lines))]
@@ -122,10 +113,7 @@ def measure(tmp: Path, runs: int) -> list[tuple[str, str, str]]:
         for _ in range(runs):  # agent pod deleted: nothing overlaps, the holder keeps it
             n += 1
             killed = time.monotonic()
-            os.kill(agents[-1].pid, signal.SIGKILL)  # the pod's PID 1: every process in it
-            assert agents[-1].process is not None
-            agents[-1].process.wait(timeout=10)
-            agents[-1].wait_agent_gone(10)
+            kill_pod(agents[-1])
             time.sleep(0.5)
             agents.append(generation(manifests, root).start())
             seen.append(edit_seen(n))
@@ -135,10 +123,7 @@ def measure(tmp: Path, runs: int) -> list[tuple[str, str, str]]:
         # The baseline: the same deletion with no holder (the chart before it).
         holder.stop()
         killed = time.monotonic()
-        os.kill(agents[-1].pid, signal.SIGKILL)
-        assert agents[-1].process is not None
-        agents[-1].process.wait(timeout=10)
-        agents[-1].wait_agent_gone(10)
+        kill_pod(agents[-1])
         time.sleep(0.5)
         agents.append(generation(manifests, root).start())
         time.sleep(3.0)

@@ -216,6 +216,15 @@ class AgentProcess:
         self.process.wait(timeout=10)
         self.wait_agent_gone(10)
 
+    def kill_all(self) -> None:
+        """kill -9 of `fusevol run` and of its agent at once (systemd's kill of the unit, a
+        deleted pod): nothing of ours is left holding the connection."""
+        assert self.process is not None
+        self.process.kill()
+        os.kill(self.pid, signal.SIGKILL)
+        self.process.wait(timeout=10)
+        self.wait_agent_gone(10)
+
     def volume(self, uid: str, plugin: str, name: str) -> Path:
         """A pod volume directory: `plugin` is `configmap` or `secret`."""
         return self.root / "pods" / uid / "volumes" / f"kubernetes.io~{plugin}" / name

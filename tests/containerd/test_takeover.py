@@ -217,6 +217,43 @@ def _directories(tmp_path: Path) -> tuple[Path, Path, Path]:
     return manifests, out, slave_out
 
 
+def start_readers(
+    containerd: Containerd, rootfs: Path, volume: Path, out: Path, slave_out: Path
+) -> tuple[list[str], LineClock, LineClock]:
+    """Two containers reading `volume` every 20 ms as uid 1000 (`READ_LOOP`), one through a
+    plain rbind (rprivate), one through an rslave bind, each into its own output directory;
+    their names and the clocks of their reads."""
+    clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+    for reads in (out / "reads", slave_out / "reads"):
+        reads.chmod(0o666)
+    readers = []
+    for name, propagation, directory in (
+        ("plain", "rprivate", out),
+        ("slave", "rslave", slave_out),
+    ):
+        readers.append(
+            containerd.run(
+                name,
+                rootfs,
+                bind(volume, "/etc/config", "ro", propagation),
+                bind(directory, "/out", "rw"),
+                command=("sleep", "100000"),
+            )
+        )
+        exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
+        containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+    return readers, clock, slave_clock
+
+
+def kill_pod(agent: AgentProcess) -> None:
+    """SIGKILL of a generation run in a PID namespace of its own (`wrapper=("unshare", "--pid",
+    ...)`), as a deleted pod is: its PID 1 goes, and every process in it with it."""
+    os.kill(agent.pid, signal.SIGKILL)
+    assert agent.process is not None
+    agent.process.wait(timeout=10)
+    agent.wait_agent_gone(10)
+
+
 def _failed(clock: LineClock) -> int:
     return sum(1 for _, line in clock.lines if not line.startswith("ok "))
 
@@ -264,25 +301,7 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
         wait_for(lambda: "held by the launcher" in agent.log_text())
         wait_for(ready_file(0).exists)
         volume = agent.volume(POD_UID, "configmap", "config")
-        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
-        for reads in (out / "reads", slave_out / "reads"):
-            reads.chmod(0o666)
-        readers = [
-            containerd.run(
-                name,
-                rootfs,
-                bind(volume, "/etc/config", "ro", propagation),
-                bind(directory, "/out", "rw"),
-                command=("sleep", "100000"),
-            )
-            for name, propagation, directory in (
-                ("plain", "rprivate", out),
-                ("slave", "rslave", slave_out),
-            )
-        ]
-        for name in readers:
-            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
-            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        readers, clock, slave_clock = start_readers(containerd, rootfs, volume, out, slave_out)
         try:
             clock.wait_for("ok v0 v0", after=0)
             slave_clock.wait_for("ok v0 v0", after=0)
@@ -388,35 +407,14 @@ def test_a_deleted_agent_pod_costs_readers_a_pause_not_a_read(
         agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by fusevol hold" in agent.log_text())
         volume = agent.volume(POD_UID, "configmap", "config")
-        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
-        for reads in (out / "reads", slave_out / "reads"):
-            reads.chmod(0o666)
-        readers = [
-            containerd.run(
-                name,
-                rootfs,
-                bind(volume, "/etc/config", "ro", propagation),
-                bind(directory, "/out", "rw"),
-                command=("sleep", "100000"),
-            )
-            for name, propagation, directory in (
-                ("plain", "rprivate", out),
-                ("slave", "rslave", slave_out),
-            )
-        ]
-        for name in readers:
-            exec_as_1000 = ("task", "exec", "--detach", "--exec-id", "reader", "--user", "1000")
-            containerd.ctr(*exec_as_1000, name, "sh", "-c", READ_LOOP)
+        readers, clock, slave_clock = start_readers(containerd, rootfs, volume, out, slave_out)
         try:
             clock.wait_for("ok v0 v0", after=0)
             slave_clock.wait_for("ok v0 v0", after=0)
             seen_ms, pauses = [], []
             for n in range(1, DELETIONS + 1):
                 killed = time.monotonic()
-                os.kill(agent.pid, signal.SIGKILL)  # the pod's PID 1: every process in it dies
-                assert agent.process is not None
-                agent.process.wait(timeout=10)
-                agent.wait_agent_gone(10)
+                kill_pod(agent)
                 time.sleep(0.5)  # the DaemonSet's next pod being created
                 agent = generation()
                 agents.append(agent.start())

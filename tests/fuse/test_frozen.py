@@ -4,8 +4,6 @@ API source also records a Warning event on the pod), until that container is gon
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
@@ -51,11 +49,7 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
         wait_for((flag / "ready").exists)
         # kill -9 of `fusevol run` and its agent, outside systemd and with no holder: nothing
         # keeps the connection, the next agent mounts a new one and stacks its binds.
-        assert first.process is not None
-        first.process.kill()
-        os.kill(first.pid, signal.SIGKILL)
-        first.process.wait(timeout=10)
-        first.wait_agent_gone(10)
+        first.kill_all()
         expected = r"frozen volume pod=default/web volume=(config|creds): .* 1 container\(s\) read"
         first.expect_log(expected)  # the same log file as the next agent's
         with running_agent(manifests, root, expect_log=(expected,)) as agent:
@@ -103,11 +97,7 @@ def test_with_the_api_source_the_pod_gets_a_warning_event(tmp_path: Path) -> Non
         container = subprocess.Popen([*argv, str(flag)])
         try:
             wait_for((flag / "ready").exists)
-            assert first.process is not None
-            first.process.kill()
-            os.kill(first.pid, signal.SIGKILL)
-            first.process.wait(timeout=10)
-            first.wait_agent_gone(10)
+            first.kill_all()
             expected = r"frozen volume pod=default/web volume=config: "
             first.expect_log(expected)
             with running_agent(None, root, *kubeconfig, expect_log=(expected,)) as agent:

@@ -82,6 +82,11 @@ class Reader:
         return self.records()
 
 
+def longest_read(records: list[list[object]], *, since: float) -> float:
+    """How long the longest read that ended after `since` took (a `Reader` record: start, end)."""
+    return max(float(r[1]) - float(r[0]) for r in records if float(r[1]) >= since)  # type: ignore[arg-type]
+
+
 def children(launcher: int) -> list[int]:
     with open(f"/proc/{launcher}/task/{launcher}/children") as f:
         return [int(pid) for pid in f.read().split()]
@@ -116,8 +121,7 @@ def test_kill_9_of_the_agent_fails_no_read(manifests: Path, tmp_path: Path) -> N
                 wait_for(lambda: len(reader.records()) > before + 10, timeout_s=20)  # noqa: B023
                 # How long a read waited: its own duration (the gaps between reads also hold
                 # the reader's scheduling delays on a loaded machine).
-                around = [r for r in reader.records() if float(r[1]) >= killed_at]  # type: ignore[arg-type]
-                pauses.append(max(float(r[1]) - float(r[0]) for r in around))  # type: ignore[arg-type]
+                pauses.append(longest_read(reader.records(), since=killed_at))
             (manifests / "configmap.yaml").write_text(configmap(a="edited"))
             wait_for(lambda: reader.records()[-1][3:4] == ["edited"], timeout_s=10)
         finally:
@@ -319,10 +323,7 @@ def test_systemd_fd_store_keeps_the_connection_through_kill_9_of_everything(
             try:
                 assert agent.process is not None
                 killed = time.monotonic()
-                agent.process.kill()  # the launcher, then its agent: nobody of ours holds it
-                os.kill(agent.pid, signal.SIGKILL)
-                agent.process.wait(timeout=10)
-                agent.wait_agent_gone(10)
+                agent.kill_all()  # nobody of ours holds the connection
                 time.sleep(0.5)  # systemd's RestartSec, shortened: readers wait meanwhile
                 offset = len(agent.log_text())
                 agent.process = store.start(agent)
@@ -341,8 +342,7 @@ def test_systemd_fd_store_keeps_the_connection_through_kill_9_of_everything(
         store.close()
     failed = [r for r in records if r[2] != "ok"]
     assert failed == [], failed[:5]
-    around = [r for r in records if float(r[1]) >= killed]  # type: ignore[arg-type]
-    pause = max(float(r[1]) - float(r[0]) for r in around)  # type: ignore[arg-type]
+    pause = longest_read(records, since=killed)
     print(
         f"kill -9 of the whole service, fd store: {len(records)} reads, 0 failed,"
         f" longest read {pause:.2f} s (0.5 s of it the restart delay)"
@@ -373,10 +373,7 @@ def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
             try:
                 assert agent.process is not None
                 killed = time.monotonic()
-                agent.process.kill()  # the whole pod: launcher and agent
-                os.kill(agent.pid, signal.SIGKILL)
-                agent.process.wait(timeout=10)
-                agent.wait_agent_gone(10)
+                agent.kill_all()  # the whole pod: launcher and agent
                 time.sleep(0.5)  # the DaemonSet's new pod starting: readers wait meanwhile
                 offset = len(agent.log_text())
                 agent.start()
@@ -397,8 +394,7 @@ def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
             assert holder.stop() == 0
     failed = [r for r in records if r[2] != "ok"]
     assert failed == [], failed[:5]
-    around = [r for r in records if float(r[1]) >= killed]  # type: ignore[arg-type]
-    pause = max(float(r[1]) - float(r[0]) for r in around)  # type: ignore[arg-type]
+    pause = longest_read(records, since=killed)
     print(
         f"kill -9 of the agent's pod, holder: 0 failed reads of {len(records)},"
         f" longest {pause:.2f} s"
