@@ -71,7 +71,7 @@ from fusevol.observe.metrics import Metrics
 from fusevol.observe.status import StatusReporter
 from fusevol.projection.downward import node_allocatable
 from fusevol.provision.hostpath import HostPathProvisioner
-from fusevol.volumemanager.cache.actual import ActualState, MountState
+from fusevol.volumemanager.cache.actual import ActualState
 from fusevol.volumemanager.cache.desired import DesiredState
 from fusevol.volumemanager.cache.seen import FirstSeen
 from fusevol.volumemanager.cache.store import ObjectStore
@@ -390,8 +390,7 @@ class Agent:
         """Frozen volumes (fusevol.observe.frozen), searched once the volumes found on the node
         are set up again (a container's bind is frozen only if no fresh bind covers it)."""
         with trio.move_on_after(RELEASE_WAIT_S):
-            while any(v.state is MountState.UNCERTAIN for v in self.actual.mounted_volumes()):
-                await self.actual.wait_changed(self.actual.generation)
+            await self.actual.wait_certain()
         await self.frozen.run()
 
     async def _stop(self, lock: AgentLock, predecessor: Predecessor | None) -> None:

@@ -55,7 +55,6 @@ from fusevol.agent.holder import HOLD, HOLDER
 from fusevol.agent.launcher import GO, OFFER, ROLL_OVER, TAKE_OVER, TAKEN
 from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
-from fusevol.volumemanager.cache.actual import MountState
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Iterable
@@ -282,19 +281,10 @@ async def release_once_set_up(
     """Tell the lame duck we hold every volume we `found` on the node (set up again, or torn
     down), or that we gave up waiting after RELEASE_WAIT_S: it may exit."""
     names = list(found)
-
-    def uncertain() -> int:
-        return sum(
-            1
-            for name in names
-            if (volume := actual.get(name)) is not None and volume.state is MountState.UNCERTAIN
-        )
-
     with trio.move_on_after(RELEASE_WAIT_S):
-        while uncertain():
-            await actual.wait_changed(actual.generation)
-    if uncertain():
-        log.warning("releasing the previous agent with %d volumes not set up", uncertain())
+        await actual.wait_certain(names)
+    if left := actual.uncertain(names):
+        log.warning("releasing the previous agent with %d volumes not set up", left)
     await predecessor.release()
     log.info("previous agent released: our binds are stacked on its")
 

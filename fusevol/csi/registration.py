@@ -51,18 +51,9 @@ class Registration:
     def start(self) -> None:
         """Listen (blocking: call it from a thread in trio)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        aside = self.path.with_name(f".reg.{os.getpid()}")  # a socket's path has 107 bytes
-        with contextlib.suppress(FileNotFoundError):
-            aside.unlink()
         server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix="csi-reg"))
         server.add_generic_rpc_handlers([self._handler()])
-        try:
-            server.add_insecure_port(f"unix:{aside}")
-        except RuntimeError as exc:
-            raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
-        server.start()
-        self._inode = os.lstat(aside).st_ino
-        os.replace(aside, self.path)
+        self._inode = listen_in_place(server, self.path, "reg")
         self._server = server
         log.info("csi registration socket for kubelet path=%s", self.path)
 
@@ -102,6 +93,23 @@ class Registration:
                 "NotifyRegistrationStatus": unary(reg.RegistrationStatus, notify),
             },
         )
+
+
+def listen_in_place(server: grpc.Server, path: Path, name: str) -> int:
+    """Start `server` on a socket bound aside (`.<name>.<pid>` beside `path`) and renamed to
+    `path`: a predecessor's is replaced in one step, so a connect never finds the path missing
+    (kubelet's plugin watcher sees one new socket, never none). Returns the socket's inode."""
+    aside = path.with_name(f".{name}.{os.getpid()}")  # short: a socket's path has 107 bytes
+    with contextlib.suppress(FileNotFoundError):
+        aside.unlink()
+    try:
+        server.add_insecure_port(f"unix:{aside}")
+    except RuntimeError as exc:
+        raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
+    server.start()
+    inode = os.lstat(aside).st_ino
+    os.replace(aside, path)
+    return inode
 
 
 def unary(

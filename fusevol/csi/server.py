@@ -43,7 +43,7 @@ from fusevol.base.errors import FusevolError
 from fusevol.base.fsutil import unlink_if_same
 from fusevol.csi import csi_pb2 as pb
 from fusevol.csi.attributes import DRIVER, CsiError
-from fusevol.csi.registration import Registration, unary
+from fusevol.csi.registration import Registration, listen_in_place, unary
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -111,7 +111,7 @@ class CsiServer:
             handlers=self._handlers(),
             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES)],
         )
-        self._inode = await trio.to_thread.run_sync(_listen_in_place, server, self.path)
+        self._inode = await trio.to_thread.run_sync(listen_in_place, server, self.path, "csi")
         registered: Registration | None = None
         try:
             log.info("csi listening endpoint=unix://%s driver=%s", self.path, DRIVER)
@@ -319,22 +319,6 @@ def _check_socket_path(path: Path) -> None:
         return
     if not stat.S_ISSOCK(mode):
         raise FusevolError(f"csi: {path} exists and is not a socket")
-
-
-def _listen_in_place(server: grpc.Server, path: Path) -> int:
-    """Start `server` on a socket bound aside and renamed to `path` (a predecessor's replaced in
-    one step: a connect never finds the path missing); returns its inode."""
-    aside = path.with_name(f".csi.{os.getpid()}")  # short: a socket's path has 107 bytes
-    with contextlib.suppress(FileNotFoundError):
-        aside.unlink()
-    try:
-        server.add_insecure_port(f"unix:{aside}")
-    except RuntimeError as exc:
-        raise FusevolError(f"csi: cannot listen on {aside}: {exc}") from None
-    server.start()
-    inode = os.lstat(aside).st_ino
-    os.replace(aside, path)
-    return inode
 
 
 async def _wait_replaced(path: Path, inode: int) -> None:

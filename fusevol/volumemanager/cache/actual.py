@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from fusevol.volumemanager.cache.changes import Changes
 
 if TYPE_CHECKING:
-    from collections.abc import Hashable
+    from collections.abc import Hashable, Iterable
     from pathlib import Path
 
     from fusevol.model import PodUID, UniqueVolumeName
@@ -84,6 +84,18 @@ class ActualState:
     async def wait_changed(self, since: int) -> None:
         """Return as soon as `generation` differs from `since`."""
         await self._changes.wait_changed(since)
+
+    def uncertain(self, names: Iterable[UniqueVolumeName] | None = None) -> int:
+        """How many of `names` (of every volume, if None) are UNCERTAIN: found on the node, not
+        set up again yet."""
+        volumes = self._volumes.values() if names is None else map(self._volumes.get, names)
+        return sum(1 for v in volumes if v is not None and v.state is MountState.UNCERTAIN)
+
+    async def wait_certain(self, names: Iterable[UniqueVolumeName] | None = None) -> None:
+        """Return once none of `names` (no volume, if None) is UNCERTAIN."""
+        names = None if names is None else list(names)
+        while self.uncertain(names):
+            await self.wait_changed(self.generation)
 
     def get(self, name: UniqueVolumeName) -> MountedVolume | None:
         return self._volumes.get(name)
