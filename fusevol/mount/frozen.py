@@ -58,14 +58,19 @@ _POD_CGROUP = re.compile(
 """kubelet's pod cgroup, `pod<uid>` (cgroupfs) or `pod<uid with _>.slice` (systemd driver)."""
 
 
-def find(serving: str, below: list[str], *, proc: str = "/proc") -> list[FrozenVolume]:
+def find(mountpoint: str, below: list[str], *, proc: str = "/proc") -> list[FrozenVolume] | None:
     """The pod volumes bound below `below` (our pods directories: `<root>/pods`, kubelet's for
-    CSI targets) to another FUSE connection than `serving` (a device, `major:minor`), with the
-    containers that still read them where we can see them."""
+    CSI targets) to another FUSE connection than the one mounted at `mountpoint` (ours), with
+    the containers that still read them where we can see them; None if nothing is mounted
+    there."""
     prefixes = tuple(os.path.join(path, "") for path in below)
+    mounts = mountinfo.read(f"{proc}/self/mountinfo")
+    serving = _device_of(mounts, mountpoint)
+    if serving is None:
+        return None
     stale = [
         (match, mp)
-        for mp in mountinfo.read(f"{proc}/self/mountinfo")
+        for mp in mounts
         if mp.fstype == layout.FUSE_FSTYPE and mp.device != serving
         if mp.path.startswith(prefixes) and (match := _POD_VOLUME.search(mp.path))
     ]
@@ -104,10 +109,12 @@ def find(serving: str, below: list[str], *, proc: str = "/proc") -> list[FrozenV
 
 def device_of(mountpoint: str, *, proc: str = "/proc") -> str | None:
     """The device (`major:minor`) of the FUSE mount at `mountpoint`, read from mountinfo."""
+    return _device_of(mountinfo.read(f"{proc}/self/mountinfo"), mountpoint)
+
+
+def _device_of(mounts: tuple[mountinfo.MountPoint, ...], mountpoint: str) -> str | None:
     devices = [
-        mp.device
-        for mp in mountinfo.read(f"{proc}/self/mountinfo")
-        if mp.path == mountpoint and mp.fstype == layout.FUSE_FSTYPE
+        mp.device for mp in mounts if mp.path == mountpoint and mp.fstype == layout.FUSE_FSTYPE
     ]
     return devices[-1] if devices else None
 

@@ -64,10 +64,9 @@ class FrozenVolumes:
     async def run(self) -> None:
         """Search now, then every CHECK_S while the node has stale binds."""
         while True:
-            serving = frozen.device_of(self._mountpoint)
-            if serving is None:
+            found = await trio.to_thread.run_sync(frozen.find, self._mountpoint, self._below)
+            if found is None:
                 return  # not our mount (yet): nothing to compare with
-            found = await trio.to_thread.run_sync(frozen.find, serving, self._below)
             if found != self.found:
                 self.found = found
                 self._report()

@@ -20,6 +20,8 @@ SERVING, DEAD = "0:61", "0:58"
 ROOT = "/var/lib/fusevol"
 TARGET = f"/var/lib/kubelet/pods/{UID}/volumes/kubernetes.io~csi/config/mount"
 BELOW = [f"{ROOT}/pods", "/var/lib/kubelet/pods"]
+MOUNTPOINT = f"{ROOT}/fusevol/mnt"
+"""The agent's own mount: the connection it serves (SERVING)."""
 
 
 def line(mount_id: int, parent: int, device: str, root: str, path: str, fstype: str) -> str:
@@ -44,7 +46,7 @@ def node(proc: Path, mounts: list[str]) -> None:
 
 NODE_MOUNTS = [
     line(1, 0, "8:1", "/", "/", "ext4"),
-    fuse(50, 1, SERVING, "/", f"{ROOT}/fusevol/mnt"),
+    fuse(50, 1, SERVING, "/", MOUNTPOINT),
     fuse(40, 1, DEAD, "/shared-3f2a", TARGET),  # a CSI target: the old connection's bind
     fuse(51, 40, SERVING, "/shared-3f2a", TARGET),  # the fresh bind stacked on it
     fuse(41, 1, DEAD, f"/{OTHER}_creds", f"{ROOT}/pods/{OTHER}/volumes/kubernetes.io~secret/creds"),
@@ -55,8 +57,9 @@ NODE_MOUNTS = [
 
 def test_no_stale_bind_no_search(tmp_path: Path) -> None:
     node(tmp_path, NODE_MOUNTS[:2])
-    assert frozen.find(SERVING, BELOW, proc=str(tmp_path)) == []
-    assert frozen.device_of(f"{ROOT}/fusevol/mnt", proc=str(tmp_path)) == SERVING
+    assert frozen.find(MOUNTPOINT, BELOW, proc=str(tmp_path)) == []
+    assert frozen.device_of(MOUNTPOINT, proc=str(tmp_path)) == SERVING
+    assert frozen.find("/not/mounted", BELOW, proc=str(tmp_path)) is None
 
 
 def test_containers_reading_a_stale_bind_are_counted_by_their_pod(tmp_path: Path) -> None:
@@ -81,7 +84,7 @@ def test_containers_reading_a_stale_bind_are_counted_by_their_pod(tmp_path: Path
     process(tmp_path, "400", "4026532003", [fuse(7, 1, DEAD, "/shared-3f2a", "/x")], other_cgroup)
     # A second process of the first container's namespace: counted once.
     process(tmp_path, "201", "4026532001", private, pod_cgroup)
-    assert frozen.find(SERVING, BELOW, proc=str(tmp_path)) == [
+    assert frozen.find(MOUNTPOINT, BELOW, proc=str(tmp_path)) == [
         FrozenVolume(UID, "config", TARGET, DEAD, containers=1),
         FrozenVolume(
             OTHER, "creds", f"{ROOT}/pods/{OTHER}/volumes/kubernetes.io~secret/creds", DEAD, 0
@@ -92,7 +95,8 @@ def test_containers_reading_a_stale_bind_are_counted_by_their_pod(tmp_path: Path
 def test_without_other_namespaces_every_stale_bind_may_be_frozen(tmp_path: Path) -> None:
     """An agent in a pod of its own PID namespace sees no container: it cannot count them."""
     node(tmp_path, NODE_MOUNTS)
-    found = frozen.find(SERVING, BELOW, proc=str(tmp_path))
+    found = frozen.find(MOUNTPOINT, BELOW, proc=str(tmp_path))
+    assert found is not None
     assert [(f.uid, f.volume, f.containers) for f in found] == [
         (UID, "config", None),
         (OTHER, "creds", None),
@@ -103,4 +107,6 @@ def test_a_process_gone_meanwhile_is_skipped(tmp_path: Path) -> None:
     node(tmp_path, NODE_MOUNTS)
     process(tmp_path, "200", "4026532001", [])
     (tmp_path / "200" / "mountinfo").unlink()
-    assert [f.containers for f in frozen.find(SERVING, BELOW, proc=str(tmp_path))] == [0, 0]
+    found = frozen.find(MOUNTPOINT, BELOW, proc=str(tmp_path))
+    assert found is not None
+    assert [f.containers for f in found] == [0, 0]
