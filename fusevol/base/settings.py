@@ -106,6 +106,10 @@ class CsiSettings:
     """With the API source, request by TokenRequest the tokens kubelet did not pass (audiences
     missing from the CSIDriver's tokenRequests); False: kubelet's only, and the agent needs no
     permission to mint tokens."""
+    read_as_pod: bool = False
+    """With the API source, read a CSI volume's ConfigMaps and Secrets with its pod's token for
+    the API server's audience (kubelet passes it when the CSIDriver's tokenRequests list
+    `audience: ""`), so that the pod's RBAC decides; False: with the agent's identity."""
 
 
 DEFAULT_ROOT = "/var/lib/fusevol"

@@ -305,6 +305,16 @@ def _parser() -> argparse.ArgumentParser:
     )
     _env_option(
         run,
+        "--csi-read-as",
+        choices=("agent", "pod"),
+        default="agent",
+        help="whose identity reads a CSI volume's ConfigMaps and Secrets: the agent's, or the "
+        "pod's own (its service account's token for the API server's audience, which kubelet "
+        "passes when the CSIDriver's tokenRequests list audience \"\"): the pod's RBAC then "
+        "decides what it may mount (default: %(default)s)",
+    )
+    _env_option(
+        run,
         "--csi-registration",
         choices=("agent", "holder"),
         default="agent",

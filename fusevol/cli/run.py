@@ -55,6 +55,7 @@ def main(args: argparse.Namespace) -> int:
             args.kubelet_dir.absolute(),
             register=args.csi_registration == "agent",
             token_requests=args.csi_token_requests,
+            read_as_pod=args.csi_read_as == "pod",
         )
         if args.csi_endpoint
         else None,

@@ -11,6 +11,9 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        pod's reference), and puts kubelet's tokens into the store (memory only); if kubelet passed
        not every audience the volume needs, the API source requests them all by TokenRequest
        instead, as for a pod-spec volume (the manifest source cannot: FAILED_PRECONDITION);
+       an object the API server refuses (to the agent's identity, or to the pod's when the
+       source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED with the server's
+       message (it names the object and the user), and kubelet's next retry asks again;
     4. adds the `CsiVolume` to the desired state, records it (`state`), kicks the reconciler;
     5. waits until the volume is set up with its current inputs (or its operation failed, or
        PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet retries, and
@@ -33,6 +36,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from fusevol.base.errors import FusevolError
 from fusevol.csi import state
 from fusevol.csi.attributes import DRIVER, Code, CsiError, PodIdentity, Publication, parse
 from fusevol.model import (
@@ -53,7 +57,7 @@ from fusevol.volumemanager.cache.actual import MountedVolume, MountState
 from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Mapping
     from pathlib import Path
 
     from fusevol.volumemanager.cache.actual import ActualState
@@ -72,17 +76,31 @@ PUBLISH_TIMEOUT_S = 60.0
 
 class Tracker(Protocol):
     """The API source's `track`: keep what a CSI volume references current (and, with `tokens`,
-    request its tokens by TokenRequest); `volume` None stops it."""
+    request its tokens by TokenRequest; `pod_tokens`: kubelet's, by audience, for reading as the
+    pod); `volume` None stops it. Returns why the API server refused an object ("" if it did
+    not); raises `FusevolError` when the API server did not answer."""
 
     async def __call__(
-        self, owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
-    ) -> None: ...
+        self,
+        owner: str,
+        pod: Pod,
+        volume: Volume | None,
+        *,
+        tokens: bool = False,
+        pod_tokens: Mapping[str, bytes] | None = None,
+    ) -> str: ...
 
 
 async def _track_nothing(
-    owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
-) -> None:
+    owner: str,
+    pod: Pod,
+    volume: Volume | None,
+    *,
+    tokens: bool = False,
+    pod_tokens: Mapping[str, bytes] | None = None,
+) -> str:
     """The manifest source holds every object of its directory: nothing to track."""
+    return ""
 
 
 class CsiNode:
@@ -167,7 +185,20 @@ class CsiNode:
                     )
             request_tokens = self._check_tokens(publication)
             name = _unique_name(volume_id)
-            await self._track(name, pod, publication.volume, tokens=request_tokens)  # (3)
+            try:
+                refusal = await self._track(
+                    name,
+                    pod,
+                    publication.volume,
+                    tokens=request_tokens,
+                    pod_tokens=publication.tokens,
+                )  # (3)
+            except FusevolError as exc:
+                raise CsiError(Code.UNAVAILABLE, str(exc)) from None
+            if refusal:
+                if known is None:
+                    await self._forget(publication)
+                raise CsiError(Code.PERMISSION_DENIED, f"{refusal}: publish refused")
             if not request_tokens:
                 self._put_tokens(publication, pod)
             self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
@@ -225,7 +256,13 @@ class CsiNode:
             pod = self._known_pod(publication.pod) or _bare_pod(publication.pod)
             # Tokens are never recorded: requested, if the source can, until kubelet republishes.
             tokens = self._can_request_tokens and bool(_token_projections(publication))
-            await self._track(name, pod, publication.volume, tokens=tokens)
+            try:
+                if refusal := await self._track(name, pod, publication.volume, tokens=tokens):
+                    log.info(
+                        "recorded csi volume waits for a republish volume=%s: %s", name, refusal
+                    )
+            except FusevolError as exc:
+                log.warning("recorded csi volume: objects not read volume=%s error=%s", name, exc)
             restored.append(publication)
         # No checkpoint from here to the kick: a reconciler pass must never see a target in the
         # actual state that is not in the desired state yet (it would tear it down).

@@ -10,10 +10,12 @@ a stream of the same connection, so a thousand watches cost one connection and n
 Results are raw JSON, so that the one converter of `fusevol.decode.manifest` reads API objects
 and manifests alike.
 
-Authentication is a seam: `KubeClient` authenticates with the configuration's bearer token (or
-client certificate, in its TLS context); `with_token(token)` is a client for the same connections
-that sends another bearer token (a pod's service account's); a client certificate is a TLS
-identity, so another one needs its own `KubeClient` (its own connections).
+Authentication is a seam: `KubeClient` authenticates with the configuration's bearer token or
+client certificate (in its TLS context: a node's kubelet credentials, whose file kubelet rotates,
+is read again for every new connection); `with_token(token)` and `with_authorization(value)` are
+clients for the same connections that send another bearer token (a pod's service account's); a
+client certificate is a TLS identity, so another one needs its own `KubeClient` (its own
+connections). `whoami()` asks the API server who the client is (SelfSubjectReview).
 
 Failures are turned into two exceptions: `ApiError` (the server answered with a Status: 404, 410,
 403, ...) and `ApiUnavailable` (no answer: refused, reset, timed out, cut mid-stream). Nothing is
@@ -25,7 +27,9 @@ HTTP/2 itself (`http2`).
 
 from __future__ import annotations
 
+import functools
 import json
+import logging
 import math
 import os
 import ssl
@@ -42,9 +46,12 @@ from fusevol.kube.http2 import ConnectionLost, Pool
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from fusevol.kube.http2 import Header, Response
+
+log = logging.getLogger(__name__)
 
 Obj = dict[str, Any]
 
@@ -126,23 +133,49 @@ class KubeClient:
         self._prefix = url.path.rstrip("/")
         self._authority = url.netloc.rpartition("@")[2].encode()
         self._scheme = url.scheme.encode()
-        self._pool = Pool(
+        pool = functools.partial(
+            Pool,
             host=url.hostname,
             port=url.port or (443 if tls else 80),
-            ssl_context=_ssl_context(config) if tls else None,
             server_hostname=getattr(config, "tls_server_name", None) or None,
             connect_timeout_s=CONNECT_TIMEOUT_S,
         )
+        self._pool = pool(ssl_context=_TlsContexts(config) if tls else None)
+        self._bearer_pool = self._pool
+        """Where bearer tokens of others go: with a client certificate, connections that
+        present none (kube-apiserver authenticates a connection's certificate before any token:
+        a pod's token sent over the node's connection would read as the node)."""
+        if tls and config.cert_file:
+            self._bearer_pool = pool(ssl_context=_ssl_context(config, client_certificate=False))
         self._credentials: _Credentials = _ConfiguredCredentials(config)
         self._in_flight = trio.Semaphore(REQUESTS_IN_FLIGHT)
 
     def with_token(self, token: str) -> KubeClient:
         """A client for the same server and connections that authenticates as `token`'s
         owner (a bearer token: a service account's, a TokenRequest's answer)."""
+        return self.with_authorization(lambda: f"Bearer {token}")
+
+    def with_authorization(self, value: Callable[[], str]) -> KubeClient:
+        """A client for the same server and connections whose `Authorization` header is
+        `value()`, asked for every request (the freshest of tokens that change)."""
         other = object.__new__(KubeClient)
         other.__dict__.update(self.__dict__)
-        other._credentials = _FixedCredentials(f"Bearer {token}")
+        other._pool = self._bearer_pool
+        other._credentials = _CallableCredentials(value)
         return other
+
+    async def whoami(self) -> Identity | None:
+        """Who the API server says this client is (SelfSubjectReview, authentication.k8s.io/v1,
+        GA in v1.28); None from a server without it (404)."""
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
+        try:
+            answer = await self.post("/apis/authentication.k8s.io/v1/selfsubjectreviews", body)
+        except ApiError as exc:
+            if exc.code == 404:
+                return None
+            raise
+        info = (answer.get("status") or {}).get("userInfo") or {}
+        return Identity(str(info.get("username", "")), tuple(info.get("groups") or ()))
 
     def statistics(self) -> ClientStatistics:
         return ClientStatistics(
@@ -154,6 +187,7 @@ class KubeClient:
     def close(self) -> None:
         """Close the connections (requests made after it open new ones)."""
         self._pool.close()
+        self._bearer_pool.close()
 
     # -- reads -------------------------------------------------------------------------------------
 
@@ -338,6 +372,23 @@ class KubeClient:
 
 
 @dataclass(frozen=True, slots=True)
+class Identity:
+    """A user as the API server authenticated it."""
+
+    username: str
+    groups: tuple[str, ...]
+
+    @property
+    def node(self) -> str | None:
+        """The node's name if this is a node's identity, as kube's Node authorizer reads it
+        (user `system:node:<name>` in group `system:nodes`); else None."""
+        prefix = "system:node:"
+        if "system:nodes" in self.groups and self.username.startswith(prefix):
+            return self.username.removeprefix(prefix) or None
+        return None
+
+
+@dataclass(frozen=True, slots=True)
 class ClientStatistics:
     connections: int
     """Open now."""
@@ -390,12 +441,12 @@ class _Credentials:
         raise NotImplementedError
 
 
-class _FixedCredentials(_Credentials):
-    def __init__(self, value: str) -> None:
+class _CallableCredentials(_Credentials):
+    def __init__(self, value: Callable[[], str]) -> None:
         self._value = value
 
     async def authorization(self) -> str:
-        return self._value
+        return self._value()
 
 
 class _ConfiguredCredentials(_Credentials):
@@ -442,12 +493,41 @@ def _load_configuration(kubeconfig: Path | None) -> Any:
     return config
 
 
-def _ssl_context(config: Any) -> ssl.SSLContext:
-    """The configuration's TLS: its CA (else the system's), its client certificate, whether to
-    verify; ALPN offers h2 only."""
+class _TlsContexts:
+    """The TLS context of each new connection: made again when the client certificate's file
+    changed (kubelet rotates its client certificate by pointing `kubelet-client-current.pem` at
+    a new file), so that connections made after a rotation present the new one."""
+
+    def __init__(self, config: Any) -> None:
+        self._config = config
+        self._context = _ssl_context(config)
+        self._version = self._file_version()
+
+    def __call__(self) -> ssl.SSLContext:
+        if (version := self._file_version()) != self._version:
+            try:
+                self._context = _ssl_context(self._config)
+                self._version = version
+            except FusevolError as exc:  # half-written: the old one, and again next time
+                log.warning("client certificate not reloaded, keeping the old one: %s", exc)
+        return self._context
+
+    def _file_version(self) -> tuple[int, int] | None:
+        if not self._config.cert_file:
+            return None
+        try:
+            stat = os.stat(self._config.cert_file)  # through the symlink
+        except OSError:
+            return None
+        return stat.st_ino, stat.st_mtime_ns
+
+
+def _ssl_context(config: Any, *, client_certificate: bool = True) -> ssl.SSLContext:
+    """The configuration's TLS: its CA (else the system's), its client certificate (unless
+    not `client_certificate`), whether to verify; ALPN offers h2 only."""
     try:
         context = ssl.create_default_context(cafile=config.ssl_ca_cert or None)
-        if config.cert_file:
+        if config.cert_file and client_certificate:
             context.load_cert_chain(config.cert_file, config.key_file or None)
     except (OSError, ssl.SSLError) as exc:
         raise FusevolError(f"Kubernetes client configuration: TLS: {exc}") from None

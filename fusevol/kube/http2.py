@@ -48,7 +48,7 @@ import trio
 from fusevol.base.errors import FusevolError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 # hpack logs every header it encodes or decodes at DEBUG: at the agent's debug level, thousands of
@@ -376,11 +376,13 @@ class Pool:
         *,
         host: str,
         port: int,
-        ssl_context: ssl.SSLContext | None,
+        ssl_context: ssl.SSLContext | Callable[[], ssl.SSLContext] | None,
         server_hostname: str | None = None,
         connect_timeout_s: float = 10.0,
     ) -> None:
-        """`ssl_context` None: h2c with prior knowledge (`http://`). Its ALPN must offer h2."""
+        """`ssl_context` None: h2c with prior knowledge (`http://`); a callable: asked for the
+        context of each new connection (a client certificate that is rotated). Its ALPN must
+        offer h2."""
         self.host, self.port = host, port
         self._ssl_context = ssl_context
         self._server_hostname = server_hostname or host
@@ -445,8 +447,11 @@ class Pool:
                 tcp = await trio.open_tcp_stream(self.host, self.port)
                 stream = tcp
                 if self._ssl_context is not None:
+                    context = self._ssl_context
                     tls = trio.SSLStream(
-                        tcp, self._ssl_context, server_hostname=self._server_hostname
+                        tcp,
+                        context if isinstance(context, ssl.SSLContext) else context(),
+                        server_hostname=self._server_hostname,
                     )
                     stream = tls
                     await tls.do_handshake()

@@ -23,7 +23,11 @@ client-go's reflector (and kopf's watch loop), as small stages:
    exponential backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the
    last resourceVersion, or relist if there is none. Nothing is dropped meanwhile: what was
    delivered stays delivered, so an API server that is away for minutes changes nothing on the
-   node until it is back.
+   node until it is back. A refusal (401, 403: the Node authorizer's "no relationship found
+   between node ... and this object", a pod's RBAC) is such a failure too, with the same backoff
+   (never a hot retry), one ERROR line naming the query and the server's message, and `refused`
+   holding that message until a list succeeds; `settled` is set by the first list or the first
+   refusal, so that nobody waits for an object the server will not give.
 
 The client's calls are awaited on the trio thread (each watch a stream of the client's one HTTP/2
 connection, no thread); a cancelled reflector closes its stream.
@@ -134,6 +138,8 @@ class Reflector:
         "_relist_from",
         "_version",
         "query",
+        "refused",
+        "settled",
         "stats",
         "synced",
     )
@@ -156,6 +162,10 @@ class Reflector:
         """A 410 came, and no event since: (4) backs off on the next one."""
         self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
         self.synced = Flag()
+        self.settled = Flag()
+        """Set by the first list, or the first refusal (5)."""
+        self.refused = ""
+        """The server's message while it refuses the query (401, 403); "" otherwise."""
         self.stats = ReflectorStatistics()
         self._version = ""
         """Where the next watch resumes; empty: list first."""
@@ -188,8 +198,10 @@ class Reflector:
             items, version = await self._list_from("")
         self.stats.lists += 1
         log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
+        self.refused = ""
         await self._on_replace(items)
         self.synced.set()
+        self.settled.set()
         self._backoff.reset()
         return str(version)
 
@@ -250,6 +262,13 @@ class Reflector:
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
         delay = self._backoff.next_delay()
-        level = logging.WARNING if self._backoff.failures <= 1 else logging.DEBUG
-        log.log(level, "watch failed query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
+        first = self._backoff.failures <= 1
+        if isinstance(exc, ApiError) and exc.code in (401, 403):
+            self.refused = str(exc)
+            self.settled.set()
+            level = logging.ERROR if first else logging.DEBUG
+            log.log(level, "read refused query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
+        else:
+            level = logging.WARNING if first else logging.DEBUG
+            log.log(level, "watch failed query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
         await trio.sleep(delay)

@@ -1,1 +1,2 @@
-"""Test doubles for what cannot run here: the API server (`apiserver`), NFS mounts (`mount`)."""
+"""Test doubles for what cannot run here: the API server (`apiserver`, its transport `h2server`,
+its authorizers `authz`), NFS mounts (`mount`)."""

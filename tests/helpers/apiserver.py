@@ -22,11 +22,22 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
   once: the `kubernetes.io/pv-protection` finalizer, which keeps a Bound PV, is not modelled);
 - objects stored as kube-apiserver v1.28 stores them: defaulted, quantities canonical
   (`tests/helpers/defaults.py`; admission plugins are not modelled);
-- bearer-token authentication (401 otherwise); immutable ConfigMaps/Secrets refuse data updates;
+- authentication as kube-apiserver's union of authenticators, the client certificate first (a
+  connection that presented one is that user, whatever bearer token it sends, as with
+  `--client-ca-file`: CN the user, O the groups), then bearer tokens: the agent's `TOKEN`, the
+  tokens of `users`, and the tokens this server issued (a service account's, while unexpired, for
+  the API server's audience, and while its bound pod exists); 401 otherwise;
+- authorization as `--authorization-mode Node,RBAC` with NodeRestriction (`tests.helpers.authz`):
+  the agent's `TOKEN` may do everything (the chart's ClusterRole, which tests/deploy checks
+  against what the agent uses); a node (`system:node:<name>`, `system:nodes`) what kube's Node
+  authorizer allows it over the graph of the pods bound to it; every user what `allow()` granted
+  (RBAC). A denial is kube's 403 Forbidden Status and message;
+- SelfSubjectReview (`POST /apis/authentication.k8s.io/v1/selfsubjectreviews`): who the caller is;
+- immutable ConfigMaps/Secrets refuse data updates;
 - TokenReview (`POST /apis/authentication.k8s.io/v1/tokenreviews`): the tokens of `users`
   (token -> username and groups) are authenticated, others are not; SubjectAccessReview
   (`POST /apis/authorization.k8s.io/v1/subjectaccessreviews`): allowed for what `allow()` granted
-  (user or group, verb, resource, subresource, name), as RBAC would answer.
+  (user or group, verb, resource, subresource, name, namespace), as RBAC would answer.
 
 The tests change the world through Python methods (`create`, `update`, `delete`) which bump the
 global resourceVersion and wake the watches, and steer faults: `cut_watches()` (a watch dies in
@@ -67,6 +78,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tests.helpers import defaults
+from tests.helpers.authz import Attributes, User, forbidden, node_decision, node_restriction
 from tests.helpers.h2server import DEFAULT_MAX_STREAMS, H2Server, certificates
 
 if TYPE_CHECKING:
@@ -77,12 +89,17 @@ if TYPE_CHECKING:
 Obj = dict[str, Any]
 
 TOKEN = "fusevol-test-token"
+AGENT = User("system:serviceaccount:fusevol:fusevol", ("system:serviceaccounts",))
+"""Who `TOKEN` is: the agent's service account, allowed everything here."""
+API_AUDIENCE = "https://kubernetes.default.svc"
+"""The API server's own audience (`--api-audiences`): a token for another is not accepted."""
 NAMESPACED = {"pods": "Pod", "configmaps": "ConfigMap", "secrets": "Secret"}
 NAMESPACED["persistentvolumeclaims"] = "PersistentVolumeClaim"
 CLUSTER = {"persistentvolumes": "PersistentVolume", "storageclasses": "StorageClass"}
 GROUPS = {
     "storageclasses": "storage.k8s.io",
     "tokenreviews": "authentication.k8s.io",
+    "selfsubjectreviews": "authentication.k8s.io",
     "subjectaccessreviews": "authorization.k8s.io",
 }
 """API group of the resources not in core/v1."""
@@ -158,7 +175,7 @@ class ApiServer:
         self.service_accounts: set[tuple[str, str]] = set()
         self.users: dict[str, tuple[str, list[str]]] = {}
         """Bearer token -> (username, groups), for TokenReview."""
-        self._grants: set[tuple[str, str, str, str, str]] = set()
+        self._grants: set[tuple[str, str, str, str, str, str]] = set()
         self.pv_controller = True
         self.fault: str | None = None
         """One of `FAULTS`, set with `set_fault`."""
@@ -223,13 +240,22 @@ class ApiServer:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def write_kubeconfig(self, path: Path, *, token: str = TOKEN) -> Path:
+    def write_kubeconfig(
+        self, path: Path, *, token: str = TOKEN, client_certificate: Path | None = None
+    ) -> Path:
+        """A kubeconfig for this server: the bearer `token`, or, with `client_certificate` (a
+        PEM file of certificate and key: `certificates().client(...)`), that certificate, as
+        kubelet's kubeconfig names its `kubelet-client-current.pem`."""
         cluster = {"server": self.url, "certificate-authority-data": certificates().ca_data}
+        user: Obj = {"token": token}
+        if client_certificate is not None:
+            user = {"client-certificate": str(client_certificate)}
+            user["client-key"] = str(client_certificate)
         config = {
             "apiVersion": "v1",
             "kind": "Config",
             "clusters": [{"name": "test", "cluster": cluster}],
-            "users": [{"name": "fusevol", "user": {"token": token}}],
+            "users": [{"name": "fusevol", "user": user}],
             "contexts": [{"name": "test", "context": {"cluster": "test", "user": "fusevol"}}],
             "current-context": "test",
         }
@@ -356,11 +382,91 @@ class ApiServer:
     # -- internals (under the lock) ----------------------------------------------------------------
 
     def allow(
-        self, subject: str, verb: str, resource: str, subresource: str = "", name: str = ""
+        self,
+        subject: str,
+        verb: str,
+        resource: str,
+        subresource: str = "",
+        name: str = "",
+        namespace: str = "",
     ) -> None:
-        """Have SubjectAccessReview allow `subject` (a username or a group) `verb` on
-        `resource`/`subresource` (of the object `name`; "" any)."""
-        self._grants.add((subject, verb, resource, subresource, name))
+        """Grant `subject` (a username or a group) `verb` on `resource`/`subresource` (of the
+        object `name`, in `namespace`; "" any), as an RBAC rule would: for its requests and in
+        SubjectAccessReview answers."""
+        self._grants.add((subject, verb, resource, subresource, name, namespace))
+
+    def issue_token(self, namespace: str, account: str, pod_name: str, audience: str = "") -> str:
+        """A token for `account` bound to the pod, as kubelet gets it for a CSIDriver's
+        tokenRequests entry of `audience` ("": the API server's own)."""
+        with self._cond:
+            uid = self._objects[("pods", namespace, pod_name)]["metadata"]["uid"]
+            spec: Obj = {
+                "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod_name, "uid": uid}
+            }
+            if audience:
+                spec["audiences"] = [audience]
+            return str(self._issue_token(namespace, account, {"spec": spec})["status"]["token"])
+
+    def revoke(self, subject: str) -> None:
+        """Take back every grant of `subject`."""
+        self._grants = {grant for grant in self._grants if grant[0] != subject}
+
+    def _granted(self, user: User, attrs: Attributes) -> bool:
+        return any(
+            subject in (user.name, *user.groups)
+            and (verb, resource, subresource) == (attrs.verb, attrs.resource, attrs.subresource)
+            and name in ("", attrs.name)
+            and namespace in ("", attrs.namespace)
+            for subject, verb, resource, subresource, name, namespace in self._grants
+        )
+
+    def _authenticate(self, stream: ServerStream) -> User:
+        if (subject := stream.client_subject) is not None:
+            return User(*subject)
+        header = stream.headers.get("authorization", "")
+        token = header.removeprefix("Bearer ") if header.startswith("Bearer ") else None
+        if token == TOKEN:
+            return AGENT
+        if token in self.users:
+            name, groups = self.users[token]
+            return User(name, tuple(groups))
+        if token is not None and (user := self._issued_user(token)) is not None:
+            return user
+        raise ApiError(401, "Unauthorized", "Unauthorized")
+
+    def _issued_user(self, token: str) -> User | None:
+        """The service account of a token this server issued, if it is valid here."""
+        try:
+            claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+        except (ValueError, IndexError):
+            return None
+        if claims not in self.tokens_issued or claims["exp"] <= time.time():
+            return None
+        if API_AUDIENCE not in claims["aud"]:
+            return None
+        namespace = claims["sub"].split(":")[2]
+        bound = claims["kubernetes.io"]["pod"]
+        with self._cond:
+            pod = self._objects.get(("pods", namespace, bound.get("name") or ""))
+        if bound.get("name") and (pod is None or pod["metadata"]["uid"] != bound.get("uid")):
+            return None
+        groups = ("system:serviceaccounts", f"system:serviceaccounts:{namespace}")
+        return User(claims["sub"], groups)
+
+    def _authorize(self, user: User, attrs: Attributes | None) -> None:
+        """Node, then RBAC (the `allow()` grants), as `--authorization-mode Node,RBAC`."""
+        if user == AGENT or attrs is None:
+            return
+        reasons = []
+        if (node := user.node) is not None:
+            with self._cond:
+                allowed, reason = node_decision(self._objects, node, attrs)
+            if allowed:
+                return
+            reasons.append(reason)
+        if attrs.resource == "selfsubjectreviews" or self._granted(user, attrs):
+            return  # (every authenticated user may ask who it is: system:basic-user)
+        raise ApiError(403, "Forbidden", forbidden(user, attrs, "\n".join(filter(None, reasons))))
 
     def _review_token(self, body: Obj) -> Obj:
         user = self.users.get((body.get("spec") or {}).get("token", ""))
@@ -382,7 +488,8 @@ class ApiServer:
             subject in (spec.get("user"), *spec.get("groups", []))
             and [verb, resource, subresource] == wanted[:3]
             and name in ("", wanted[3])
-            for subject, verb, resource, subresource, name in self._grants
+            and namespace in ("", attributes.get("namespace", ""))
+            for subject, verb, resource, subresource, name, namespace in self._grants
         )
         return {**body, "status": {"allowed": allowed}}
 
@@ -505,14 +612,20 @@ class ApiServer:
                 return
             if self.fault == "500":
                 raise ApiError(500, "InternalError", "Internal error occurred (fault injected)")
-            if stream.headers.get("authorization") != f"Bearer {TOKEN}":
-                raise ApiError(401, "Unauthorized", "Unauthorized")
-            await self._route(stream, method, url.path, query, body)
+            user = self._authenticate(stream)
+            self._authorize(user, _attributes(method, url.path, query))
+            await self._route(stream, user, method, url.path, query, body)
         except ApiError as exc:
             await _send_json(stream, exc.code, exc.status())
 
     async def _route(
-        self, stream: ServerStream, method: str, path: str, query: dict[str, str], body: Obj
+        self,
+        stream: ServerStream,
+        user: User,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        body: Obj,
     ) -> None:
         parts = path.strip("/").split("/")
         if parts[:2] == ["api", "v1"]:
@@ -536,8 +649,19 @@ class ApiServer:
             if method != "POST" or namespace is None:
                 raise ApiError(405, "MethodNotAllowed", "method not allowed")
             with self._cond:
+                if user.node is not None and (
+                    refusal := node_restriction(
+                        self._objects, user.node, body.get("spec") or {}, namespace
+                    )
+                ):
+                    raise ApiError(
+                        403, "Forbidden", f'serviceaccounts "{rest[1]}" is forbidden: {refusal}'
+                    )
                 response = self._issue_token(namespace, rest[1], body)
             await _send_json(stream, 201, response)
+        elif rest == ["selfsubjectreviews"] and method == "POST" and namespace is None:
+            info = {"username": user.name, "groups": [*user.groups, "system:authenticated"]}
+            await _send_json(stream, 201, {**body, "status": {"userInfo": info}})
         elif rest == ["tokenreviews"] and method == "POST" and namespace is None:
             await _send_json(stream, 201, self._review_token(body))
         elif rest == ["subjectaccessreviews"] and method == "POST" and namespace is None:
@@ -740,6 +864,34 @@ def _parse_selector(text: str) -> list[tuple[str, str, str]]:
         else:
             terms.append((term, "exists", ""))
     return terms
+
+
+def _attributes(method: str, path: str, query: dict[str, str]) -> Attributes | None:
+    """The request as kube's RequestInfoResolver reads it; None for a non-resource path. A list
+    or watch whose fieldSelector is `metadata.name=X` names X."""
+    parts = path.strip("/").split("/")
+    if parts[:2] == ["api", "v1"]:
+        group, rest = "", parts[2:]
+    elif parts[:1] == ["apis"] and len(parts) >= 3:
+        group, rest = parts[1], parts[3:]
+    else:
+        return None
+    namespace = ""
+    if len(rest) >= 3 and rest[0] == "namespaces":
+        namespace, rest = rest[1], rest[2:]
+    if not rest:
+        return None
+    name = rest[1] if len(rest) > 1 else ""
+    subresource = rest[2] if len(rest) > 2 else ""
+    verb = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}.get(method)
+    if verb is None:
+        verb = "get" if name else "watch" if query.get("watch") in ("true", "1") else "list"
+    if not name and verb in ("list", "watch"):
+        for term in filter(None, query.get("fieldSelector", "").split(",")):
+            field, _, value = term.replace("==", "=").partition("=")
+            if field == "metadata.name" and not field.endswith("!"):
+                name = value
+    return Attributes(verb, group, rest[0], subresource, namespace, name)
 
 
 def _resource_of_path(path: str) -> str:

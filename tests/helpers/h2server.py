@@ -13,7 +13,11 @@ The server counts what the tests assert on: connections accepted, open, and the 
 open at once on one connection.
 
 The TLS material is made once per test process by openssl(1): a CA and a serving certificate for
-127.0.0.1 (`certificates()`); kubeconfigs carry the CA.
+127.0.0.1 (`certificates()`); kubeconfigs carry the CA. As kube-apiserver's `--client-ca-file`,
+the server asks for a client certificate and, if one signed by that CA is sent, the stream
+carries its subject (`ServerStream.client_subject`: CN the user, O the groups, as kube's x509
+authenticator reads it); `Certificates.client(cn, orgs)` issues one (a kubelet's client
+certificate: certificate and key in one PEM file).
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import tempfile
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h2.config
 import h2.connection
@@ -62,8 +66,40 @@ class Certificates:
     def server_context(self) -> ssl.SSLContext:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.load_cert_chain(self.directory / "server.crt", self.directory / "server.key")
+        context.load_verify_locations(self.ca)
+        context.verify_mode = ssl.CERT_OPTIONAL
         context.set_alpn_protocols(["h2"])
         return context
+
+    def client(self, cn: str, orgs: tuple[str, ...] = (), *, name: str = "") -> Path:
+        """A client certificate for `cn` in groups `orgs`, signed by the CA: one PEM file
+        holding certificate and key (kubelet's `kubelet-client-current.pem`)."""
+        name = name or f"client-{abs(hash((cn, orgs))):x}"
+        subject = "".join(f"/O={org}" for org in orgs) + f"/CN={cn}"
+        _openssl(self.directory, "req", *_EC, "-subj", subject, "-keyout", f"{name}.key",
+                 "-out", f"{name}.csr")  # fmt: skip
+        (self.directory / f"{name}.ext").write_text(
+            "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+            "extendedKeyUsage=clientAuth\n"
+        )
+        _openssl(
+            self.directory, "x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt",
+            "-CAkey", "ca.key", "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
+            "-out", f"{name}.crt",
+        )  # fmt: skip
+        pem = self.directory / f"{name}.pem"
+        pem.write_bytes(
+            (self.directory / f"{name}.crt").read_bytes()
+            + (self.directory / f"{name}.key").read_bytes()
+        )
+        return pem
+
+
+_EC = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+
+
+def _openssl(directory: Path, *args: str) -> None:
+    subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
 
 
 @functools.cache
@@ -73,9 +109,9 @@ def certificates() -> Certificates:
     atexit.register(shutil.rmtree, directory, True)
 
     def openssl(*args: str) -> None:
-        subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True)
+        _openssl(directory, *args)
 
-    ec = ("-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes")
+    ec = _EC
     openssl(
         "req", "-x509", *ec, "-days", "2", "-subj", "/CN=fusevol-test-ca",
         "-keyout", "ca.key", "-out", "ca.crt",
@@ -108,6 +144,11 @@ class ServerStream:
     closed: bool = False
     """The client reset the stream, or the connection is gone."""
 
+    @property
+    def client_subject(self) -> tuple[str, tuple[str, ...]] | None:
+        """(CN, the O's) of the client certificate the connection presented, if any."""
+        return self.connection.client_subject
+
     async def respond(self, status: int, headers: dict[str, str]) -> None:
         pairs = [(":status", str(status)), *headers.items()]
         await self.connection.send_headers(self, pairs)
@@ -138,6 +179,7 @@ class _Connection:
         self._send_lock = trio.Lock()
         self._window = trio.Event()
         self.closed = False
+        self.client_subject: tuple[str, tuple[str, ...]] | None = None
 
     async def serve(self) -> None:
         self._h2.initiate_connection()
@@ -349,6 +391,7 @@ class H2Server:
                     self._connections[connection] = scope
                     try:
                         await stream.do_handshake()
+                        connection.client_subject = _subject(stream.getpeercert())
                         await connection.serve()
                     except (trio.BrokenResourceError, trio.ClosedResourceError):
                         pass
@@ -362,3 +405,12 @@ class H2Server:
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(stream)
+
+
+def _subject(certificate: dict[str, Any] | None) -> tuple[str, tuple[str, ...]] | None:
+    """(CN, O's) of a verified peer certificate (`SSLSocket.getpeercert()`), None without one."""
+    if not certificate:
+        return None
+    pairs = [pair for rdn in certificate.get("subject", ()) for pair in rdn]
+    cn = next((value for key, value in pairs if key == "commonName"), "")
+    return cn, tuple(value for key, value in pairs if key == "organizationName")

@@ -144,6 +144,10 @@ class ScriptedClient:
 
     # -- KubeClient --------------------------------------------------------------------------------
 
+    async def whoami(self) -> None:
+        """A server without SelfSubjectReview: no node identity, the ServiceAccount's rules."""
+        return None
+
     async def list(
         self,
         kind: Kind,

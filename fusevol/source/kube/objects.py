@@ -13,13 +13,21 @@ docs/kubelet.md fact 7):
 
 Both keep only referenced objects: one that no pod references any more leaves the store. A GET
 answering 404 and a watch's DELETED delete the object from the store (the volumes then follow
-kubelet's rules: an optional one becomes empty, a required one keeps its last content).
+kubelet's rules: an optional one becomes empty, a required one keeps its last content). An object
+the API server refuses to give (401, 403) is retried with the usual backoff, never hot, and
+`refusal(key)` says why, for the volume's error; `ensure` does not wait for it.
+
+`RoutedObjects` sends each key to the tracker its kind (or its reader) needs: under a node's
+identity, claims and PersistentVolumes are fetched (the Node authorizer lets a node only get them,
+never list or watch), ConfigMaps and Secrets watched; read as a pod, a CSI volume's objects are
+watched with that pod's token (`client_for`).
 
 Excludes: which objects are referenced (`source`), and the list/watch mechanics (`reflector`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass
@@ -29,6 +37,7 @@ import cachetools
 import trio
 
 from fusevol.base.errors import FusevolError
+from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert
 from fusevol.kube.reflector import Query, Reflector
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
@@ -69,6 +78,9 @@ class ObjectTracker(Protocol):
         """`key` is tracked and was read since: the store's copy, or its absence, is the API's
         (a DELETED event, a list or a GET without it), not merely a watch still listing."""
 
+    def refusal(self, key: ObjectKey) -> str:
+        """The API server's message while it refuses to give `key` (401, 403); "" otherwise."""
+
     def statistics(self) -> TrackerStatistics: ...
 
 
@@ -81,10 +93,13 @@ class WatchedObjects:
         nursery: trio.Nursery,
         origin: str,
         on_claim: Callable[[], None],
+        client_for: Callable[[ObjectKey], KubeClient] | None = None,
     ) -> None:
-        """`on_claim()` after a claim changed: the volumes to track may have changed."""
+        """`on_claim()` after a claim changed: the volumes to track may have changed.
+        `client_for(key)`: the client that watches `key` (default: `client`)."""
         self._on_claim = on_claim
         self._client = client
+        self._client_for = client_for or (lambda key: client)
         self._store = store
         self._nursery = nursery
         self._origin = origin
@@ -106,7 +121,7 @@ class WatchedObjects:
         with trio.move_on_after(timeout_s):
             for key in keys:
                 if key in self._watches:
-                    await self._watches[key].reflector.synced.wait()
+                    await self._watches[key].reflector.settled.wait()
 
     async def sync(self) -> None:
         pass
@@ -116,6 +131,10 @@ class WatchedObjects:
             return True
         watch = self._watches.get(key)
         return watch is not None and watch.reflector.synced.is_set()
+
+    def refusal(self, key: ObjectKey) -> str:
+        watch = self._watches.get(key)
+        return watch.reflector.refused if watch is not None else ""
 
     def statistics(self) -> TrackerStatistics:
         return TrackerStatistics(
@@ -149,7 +168,7 @@ class _Watch:
         self.key = key
         self.scope = trio.CancelScope()
         self.reflector = Reflector(
-            client=tracker._client,
+            client=tracker._client_for(key),
             query=Query(key.kind, key.namespace or None, f"metadata.name={key.name}"),
             on_replace=self.on_replace,
             on_event=self.on_event,
@@ -204,11 +223,13 @@ class FetchedObjects:
         self._fetches = 0
         self._fetching = trio.Semaphore(FETCHES_IN_FLIGHT)
         self._read: set[ObjectKey] = set()
+        self._refused: dict[ObjectKey, str] = {}
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._wanted - keys:
             self._store.delete(key)
             self._read.discard(key)
+            self._refused.pop(key, None)
             if self._fresh is not None:
                 self._fresh.pop(key, None)
         self._wanted = set(keys)
@@ -227,6 +248,9 @@ class FetchedObjects:
     def read(self, key: ObjectKey) -> bool:
         return key in self._read
 
+    def refusal(self, key: ObjectKey) -> str:
+        return self._refused.get(key, "")
+
     def statistics(self) -> TrackerStatistics:
         return TrackerStatistics(len(self._wanted), 0, 0, self._fetches)
 
@@ -240,11 +264,20 @@ class FetchedObjects:
         try:
             async with self._fetching:
                 raw = await self._client.get(key.kind, namespace=key.namespace, name=key.name)
+        except ApiError as exc:
+            if exc.code not in (401, 403):
+                log.warning("get failed, keeping the last copy object=%s error=%s", key, exc)
+            elif key in self._wanted and key not in self._refused:
+                log.error("read refused object=%s error=%s", key, exc)
+            if exc.code in (401, 403) and key in self._wanted:
+                self._refused[key] = str(exc)
+            return
         except FusevolError as exc:
             log.warning("get failed, keeping the last copy object=%s error=%s", key, exc)
             return
         if key not in self._wanted:
             return
+        self._refused.pop(key, None)
         if raw is None:
             self._store.delete(key)
         elif (
@@ -257,3 +290,45 @@ class FetchedObjects:
         self._read.add(key)
         if self._fresh is not None:
             self._fresh[key] = True
+
+
+class RoutedObjects:
+    """Trackers by key: `route(key)` picks the one that tracks it (see the module docstring)."""
+
+    def __init__(
+        self, *, trackers: tuple[ObjectTracker, ...], route: Callable[[ObjectKey], int]
+    ) -> None:
+        """`route(key)`: the index in `trackers` of the one for `key`."""
+        self._trackers = trackers
+        self._route = route
+
+    def set_wanted(self, keys: set[ObjectKey]) -> None:
+        parts: list[set[ObjectKey]] = [set() for _ in self._trackers]
+        for key in keys:
+            parts[self._route(key)].add(key)
+        for tracker, part in zip(self._trackers, parts, strict=True):
+            tracker.set_wanted(part)
+
+    async def ensure(self, keys: set[ObjectKey], *, timeout_s: float) -> None:
+        async with trio.open_nursery() as nursery:
+            for index, tracker in enumerate(self._trackers):
+                if part := {key for key in keys if self._route(key) == index}:
+                    nursery.start_soon(_ensure, tracker, part, timeout_s)
+
+    async def sync(self) -> None:
+        for tracker in self._trackers:
+            await tracker.sync()
+
+    def read(self, key: ObjectKey) -> bool:
+        return self._trackers[self._route(key)].read(key)
+
+    def refusal(self, key: ObjectKey) -> str:
+        return self._trackers[self._route(key)].refusal(key)
+
+    def statistics(self) -> TrackerStatistics:
+        parts = [dataclasses.astuple(tracker.statistics()) for tracker in self._trackers]
+        return TrackerStatistics(*(sum(column) for column in zip(*parts, strict=True)))
+
+
+async def _ensure(tracker: ObjectTracker, keys: set[ObjectKey], timeout_s: float) -> None:
+    await tracker.ensure(keys, timeout_s=timeout_s)

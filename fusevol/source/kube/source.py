@@ -22,6 +22,27 @@ unbound claim of a pod brings its StorageClass along (tracked by the same strate
 whether this node provisions it. So do the unbound claims the scheduler selected this node for
 (`selected`): their pods get a node only once the claim is bound.
 
+Who the agent is decides what it asks for (`whoami`, at the start). A node's identity (kubelet's
+credentials: user `system:node:<name>`, group `system:nodes`) works within kube's Node authorizer:
+this node's pods, the ConfigMaps and Secrets they reference (watched by name, as here), their
+claims and PersistentVolumes by GET only (fetched, then again every sync period), tokens bound to
+its pods. What the Node authorizer never allows a node is switched off, with one line at the
+start: the hostpath provisioner's PV writes and its list+watch of PVs, the list+watch of every
+claim (`selected`), StorageClasses. A CSI volume's objects are no pod's reference in the Node
+authorizer's graph: read as the node they are refused, and the publish says so.
+
+With `pod_volumes` False (CSI: kubelet serves the pods' own volumes) only what CSI volumes
+reference is tracked, and no token is requested for the pods' own projections. With `read_as_pod`
+(CSI, `--csi-read-as pod`) a CSI volume's ConfigMaps and Secrets are read with its pod's own
+token, the one kubelet passes for the API server's audience (""): `track` GETs each as the pod
+at every publish and republish (a refusal is the publish's PERMISSION_DENIED, naming the object
+and the service account, as the API server's message does), and a watch per object, one however
+many pods use it, runs with the freshest token of a pod allowed to read it. A watch outlives its
+token (the API server authenticates a request when it starts), and is reopened every 5-10 min
+(the reflector's timeout) with the token of the latest republish; if none is valid then, or the
+pod lost its permission (a refused republish changes nothing already tracked), the watch is
+refused and retried with backoff, and the volume keeps its last content.
+
 Pods are converted by the manifest source's converter (`fusevol.decode.objects.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
 convert keeps its previous version (one ERROR line). Failed volumes are reported as Events by
@@ -43,9 +64,10 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.settings import ChangeDetection
+from fusevol.kube.client import ApiError, ApiUnavailable
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
-from fusevol.kube.reflector import Query, Reflector
+from fusevol.kube.reflector import Backoff, Query, Reflector
 from fusevol.model import (
     Kind,
     ObjectKey,
@@ -59,6 +81,7 @@ from fusevol.model import (
 from fusevol.source.kube.objects import (
     FetchedObjects,
     ObjectTracker,
+    RoutedObjects,
     TrackerStatistics,
     WatchedObjects,
 )
@@ -66,10 +89,10 @@ from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
     from fusevol.base.settings import KubeSettings
-    from fusevol.kube.client import ClientStatistics, KubeClient, Obj
+    from fusevol.kube.client import ClientStatistics, Identity, KubeClient, Obj
     from fusevol.kube.provisioned import KubeVolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
@@ -79,6 +102,11 @@ log = logging.getLogger(__name__)
 REFERENCE_TIMEOUT_S = 5.0
 """How long a new pod waits for the first copy of its objects before it is delivered anyway (its
 volumes then fail and are retried, like under an API server that does not answer)."""
+POD_AUDIENCE = ""
+"""The audience of the pod token a CSI volume is read with (`read_as_pod`): the API server's own
+(a CSIDriver `tokenRequests` entry `{audience: ""}`)."""
+_NODE_FETCHED = (Kind.PERSISTENT_VOLUME_CLAIM, Kind.PERSISTENT_VOLUME)
+"""What the Node authorizer lets a node get, but not list or watch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +131,19 @@ class KubeSource:
         store: ObjectStore,
         settings: KubeSettings,
         recorder: KubeVolumeRecorder | None = None,
+        pod_volumes: bool = True,
+        read_as_pod: bool = False,
     ) -> None:
+        """`pod_volumes`: the pods' own volumes are served here (False: CSI only).
+        `read_as_pod`: CSI volumes' objects are read with their pods' tokens."""
+        self._pod_volumes = pod_volumes
+        self._read_as_pod = read_as_pod
+        self.node_identity: str | None = None
+        """The node this client authenticates as (`system:node:<name>`), else None."""
+        self._as_pod: dict[str, frozenset[ObjectKey]] = {}
+        """CSI volume -> the objects read with its pod's token."""
+        self._pod_tokens: dict[ObjectKey, str] = {}
+        """An object read as a pod -> the token of the latest pod allowed to read it."""
         self._client = client
         self._recorder = recorder
         self._selected = (
@@ -128,24 +168,9 @@ class KubeSource:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Steps 1-5 of the module docstring; runs until cancelled."""
         strategy = self._settings.change_detection
+        await self._identify()
         async with trio.open_nursery() as nursery:
-            if strategy is ChangeDetection.WATCH:
-                self._objects = WatchedObjects(
-                    client=self._client,
-                    store=self._store,
-                    nursery=nursery,
-                    origin=self._origin,
-                    on_claim=self._claim_changed,
-                )
-            else:
-                ttl = self._settings.cache_ttl_s if strategy is ChangeDetection.CACHE else None
-                self._objects = FetchedObjects(
-                    client=self._client,
-                    store=self._store,
-                    ttl_s=ttl,
-                    origin=self._origin,
-                    on_claim=self._claim_changed,
-                )
+            self._objects = self._trackers(nursery)
             nursery.start_soon(self.tokens.run)
             nursery.start_soon(self.events.run)
             self._pod_reflector = pods = Reflector(  # (1)
@@ -178,17 +203,119 @@ class KubeSource:
                 strategy.value,
             )
             task_status.started()
-            if strategy is not ChangeDetection.WATCH:
+            if strategy is not ChangeDetection.WATCH or self.node_identity is not None:
                 while True:  # (5)
                     await trio.sleep(self._settings.sync_period_s)
                     await self._objects.sync()
+
+    async def _identify(self) -> None:
+        """Who the API server says the agent is; as a node, what the Node authorizer denies is
+        switched off (one line)."""
+        identity = await self._whoami()
+        node = identity.node if identity is not None else None
+        if node is None:
+            return
+        self.node_identity = node
+        self._recorder = self._selected = None
+        log.info(
+            "node identity user=system:node:%s: the Node authorizer lets a node get claims and "
+            "PersistentVolumes (not list or watch them), and neither read StorageClasses nor "
+            "write PersistentVolumes: claims and volumes are read by GET every %gs, hostpath "
+            "provisioning and the watch of the cluster's claims are off",
+            node,
+            self._settings.sync_period_s,
+        )
+        if node != self._node_name:
+            log.error(
+                "node identity system:node:%s is not node %s: the API server will refuse the "
+                "objects of its pods",
+                node,
+                self._node_name,
+            )
+
+    async def _whoami(self) -> Identity | None:
+        backoff = Backoff()
+        while True:
+            try:
+                return await self._client.whoami()
+            except ApiError as exc:  # no SelfSubjectReview: a ServiceAccount's rules apply
+                log.debug("who am I: not answered, taking no node identity: %s", exc)
+                return None
+            except ApiUnavailable as exc:
+                delay = backoff.next_delay()
+                log.warning("who am I: no answer retry_in=%.1fs error=%s", delay, exc)
+                await trio.sleep(delay)
+
+    def _trackers(self, nursery: trio.Nursery) -> ObjectTracker:
+        """The change-detection strategy's tracker; as a node, claims and volumes fetched; read
+        as a pod, a watch with its token (module docstring)."""
+        strategy = self._settings.change_detection
+        if strategy is ChangeDetection.WATCH:
+            own: ObjectTracker = WatchedObjects(
+                client=self._client,
+                store=self._store,
+                nursery=nursery,
+                origin=self._origin,
+                on_claim=self._claim_changed,
+            )
+        else:
+            ttl = self._settings.cache_ttl_s if strategy is ChangeDetection.CACHE else None
+            own = FetchedObjects(
+                client=self._client,
+                store=self._store,
+                ttl_s=ttl,
+                origin=self._origin,
+                on_claim=self._claim_changed,
+            )
+        trackers = [own]
+        if self.node_identity is not None and strategy is ChangeDetection.WATCH:
+            trackers.append(
+                FetchedObjects(
+                    client=self._client,
+                    store=self._store,
+                    ttl_s=None,
+                    origin=self._origin,
+                    on_claim=self._claim_changed,
+                )
+            )
+        fetched = len(trackers) - 1
+        trackers.append(
+            WatchedObjects(
+                client=self._client,
+                store=self._store,
+                nursery=nursery,
+                origin=self._origin,
+                on_claim=self._claim_changed,
+                client_for=self._pod_client,
+            )
+        )
+        as_pod = len(trackers) - 1
+
+        def route(key: ObjectKey) -> int:
+            if key in self._pod_tokens:
+                return as_pod
+            return fetched if key.kind in _NODE_FETCHED else 0
+
+        return RoutedObjects(trackers=tuple(trackers), route=route)
+
+    def _pod_client(self, key: ObjectKey) -> KubeClient:
+        """The client that reads `key` as a pod: the freshest token of a pod allowed to."""
+        return self._client.with_authorization(lambda: f"Bearer {self._pod_tokens.get(key, '')}")
 
     def volume_failed(self, volume: VolumeToServe, error: str) -> None:
         """kubelet's FailedMount event on the volume's pod (rate-limited, never blocks). Not for
         a CSI volume: its failure reaches kubelet as the publish's error, and kubelet records
         the event."""
         if volume.target is None:
-            self.events.failed_mount(volume.pod, volume.spec_name, error)
+            self.events.failed_mount(volume.pod, volume.spec_name, self._refused(volume, error))
+
+    def _refused(self, volume: VolumeToServe, error: str) -> str:
+        """`error`, and why the API server did not give the volume's objects, if it refused."""
+        if self._objects is None:
+            return error
+        keys = sorted(self._volume_references(volume.pod, volume.volume.source), key=str)
+        refusal = next(filter(None, map(self._objects.refusal, keys)), "")
+        return f"{error} (the API server refused to give it: {refusal})" if refusal else error
 
     def volume_frozen(self, pod: Pod, spec_name: str, message: str) -> None:
         """A Warning event `FrozenVolume` on the pod (fusevol.observe.frozen)."""
@@ -235,25 +362,46 @@ class KubeSource:
         self._pods.update((pod.key, pod) for pod in pods)
         # (2) The claims first: the volumes they are bound to are known once they are read.
         ensured: set[ObjectKey] = set()
-        while wanted := self._references(changed) - ensured:
+        while wanted := self._references(changed if self._pod_volumes else ()) - ensured:
             self._objects.set_wanted(self._wanted())
             await self._objects.ensure(wanted, timeout_s=REFERENCE_TIMEOUT_S)
             ensured |= wanted
         self._objects.set_wanted(self._wanted())
-        await self.tokens.ensure(changed)
+        if self._pod_volumes:
+            await self.tokens.ensure(changed)
         # (3)
         for pod in pods:
             self._store.upsert(pod)
-        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
+        self.tokens.retain(self._token_users())
         self.events.forget({pod.uid for pod in self._pods.values()})
 
     async def track(
-        self, owner: str, pod: Pod, volume: Volume | None, *, tokens: bool = False
-    ) -> None:
+        self,
+        owner: str,
+        pod: Pod,
+        volume: Volume | None,
+        *,
+        tokens: bool = False,
+        pod_tokens: Mapping[str, bytes] | None = None,
+    ) -> str:
         """Keep what `volume` (a CSI volume of `pod`) references tracked for `owner`, as a pod's
         references are, and await its first copy; with `tokens`, get its serviceAccountToken
-        projections' tokens by TokenRequest as for a pod's (kubelet passed none). None: stop."""
+        projections' tokens by TokenRequest as for a pod's (kubelet passed none). None: stop.
+        `pod_tokens`: kubelet's tokens by audience (read as the pod: module docstring).
+        Returns why the volume may not be served ("" if it may): the API server refused an
+        object, to the pod or to the agent. `ApiUnavailable` if the pod's read had no answer."""
         keys = set() if volume is None else self._volume_references(pod, volume.source)
+        if self._read_as_pod and volume is not None and keys:
+            token = (pod_tokens or {}).get(POD_AUDIENCE)
+            if refusal := await self._read_as(pod, keys, token):
+                return refusal  # what it tracked (a republish refused), it keeps tracking
+            self._as_pod[owner] = frozenset(keys)
+        refusal = ""
+        if not keys:
+            self._as_pod.pop(owner, None)
+        self._pod_tokens = {
+            key: token for key, token in self._pod_tokens.items() if self._read_by_pod(key)
+        }
         if keys:
             self._extra[owner] = keys
         else:
@@ -262,13 +410,47 @@ class KubeSource:
             self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
         else:
             self._token_pods.pop(owner, None)
-        self.tokens.retain([*self._pods.values(), *self._token_pods.values()])
+        self.tokens.retain(self._token_users())
         if self._objects is not None:
             self._objects.set_wanted(self._wanted())
             if keys:
                 await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
+                refusal = next(filter(None, map(self._objects.refusal, sorted(keys, key=str))), "")
         if owner in self._token_pods:
             await self.tokens.ensure([self._token_pods[owner]])
+        return refusal
+
+    async def _read_as(self, pod: Pod, keys: set[ObjectKey], token: bytes | None) -> str:
+        """GET each of `keys` as `pod` (its `token`): "" if it may read them all (the token then
+        reads them from now on), else why not."""
+        account = f"system:serviceaccount:{pod.namespace}:{pod.service_account_name}"
+        if token is None:
+            return (
+                f"read as the pod ({account}): kubelet passed no token for the API server's "
+                f"audience in csi.storage.k8s.io/serviceAccount.tokens: the CSIDriver's "
+                f'tokenRequests must list {{audience: ""}}'
+            )
+        reader = self._client.with_token(token.decode())
+        for key in sorted(keys, key=str):
+            try:
+                await reader.get(key.kind, namespace=key.namespace, name=key.name)
+            except ApiError as exc:
+                if exc.code in (401, 403):
+                    log.info("read as pod refused object=%s pod=%s error=%s", key, pod.key, exc)
+                    return f"read as the pod ({account}): {exc}"
+                raise ApiUnavailable(f"read {key} as the pod ({account}): {exc}") from None
+        for key in keys:
+            self._pod_tokens[key] = token.decode()
+        return ""
+
+    def _read_by_pod(self, key: ObjectKey) -> bool:
+        return any(key in keys for keys in self._as_pod.values())
+
+    def _token_users(self) -> list[Pod]:
+        """The pods whose projections get tokens here: this node's pods with their own volumes
+        (not under CSI), and the CSI volumes' whose tokens kubelet did not pass."""
+        pods = list(self._pods.values()) if self._pod_volumes else []
+        return [*pods, *self._token_pods.values()]
 
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
@@ -279,7 +461,8 @@ class KubeSource:
     def _wanted(self) -> set[ObjectKey]:
         """Everything to track: the pods' references, the claims of the PVs provisioned here, the
         claims selected for this node (and what they reference)."""
-        keys = self._references(self._pods.values()).union(*self._extra.values())
+        pods = self._pods.values() if self._pod_volumes else ()
+        keys = self._references(pods).union(*self._extra.values())
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
         if self._selected is not None:
@@ -313,7 +496,7 @@ class KubeSource:
         if claim is None:
             return {claim_key}
         if not claim.volume_name:
-            if not claim.storage_class_name:
+            if not claim.storage_class_name or self.node_identity is not None:
                 return {claim_key}
             return {claim_key, ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)}
         return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}

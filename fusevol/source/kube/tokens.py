@@ -11,7 +11,8 @@ Refresh: kubelet's `requiresRefresh`, from the answer's `expirationTimestamp` an
 has passed, or 24 h after issue, minus a jitter. kubelet's jitter is uniform in [0, 10 s); here it
 is also at most a tenth of the lifetime, so that a short-lived token is not refreshed at once.
 Where kubelet checks at its next pod sync, fusevol schedules the refresh at that time. A failed
-refresh keeps the old token while it is valid and is retried with backoff (1 s doubling to 1 min);
+refresh keeps the old token while it is valid and is retried with backoff (1 s doubling to 1 min;
+one ERROR line, the retries at DEBUG until one succeeds);
 an expired token is dropped, and the volume keeps its last content, failing until a new one comes.
 
 Excludes: the payload and its modes (`fusevol.projection.projected`).
@@ -167,7 +168,8 @@ class TokenManager:
         token.failures += 1
         token.refresh_at = time.time() + delay
         pod = token.pod
-        log.error(
+        log.log(
+            logging.ERROR if token.failures == 1 else logging.DEBUG,  # then quiet, till it works
             "TokenRequest failed pod=%s/%s serviceaccount=%s retry_in=%gs error=%s",
             pod.namespace,
             pod.name,
