@@ -79,6 +79,8 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
             store=store,
             settings=settings.kube,
             recorder=recorder,
+            pod_volumes=settings.csi is None,
+            read_as_pod=settings.csi is not None and settings.csi.read_as_pod,
         )
         return BuiltSource(source, recorder, None, source.track, "API source", client.post)
     if settings.manifests is None:
