@@ -538,21 +538,20 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
 
 
 CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for verb in VIEW}
+TOKENS = {("", "serviceaccounts/token", "create")}
+API = {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}}
+NODE_MODE = {**API, "rbac": {"mode": "node"}}
+READ_AS_POD = {**API, "csi": {"enabled": True, "readAs": "pod"}}
 
 
 @pytest.mark.parametrize(
     ("values", "cluster_wide", "namespaced"),
     [
         pytest.param({}, EXPECTED_RULES, {}, id="default"),
-        pytest.param(
-            {"csi": {"enabled": True}},
-            EXPECTED_RULES - {("", "serviceaccounts/token", "create")},
-            {},
-            id="csi",
-        ),
+        pytest.param({"csi": {"enabled": True}}, EXPECTED_RULES - TOKENS, {}, id="csi"),
         pytest.param(
             {"csi": {"enabled": True}, "rbac": {"namespaces": ["team-a", "team-b"]}},
-            EXPECTED_RULES - {("", "serviceaccounts/token", "create")} - CONFIG,
+            EXPECTED_RULES - TOKENS - CONFIG,
             {"team-a": CONFIG, "team-b": CONFIG},
             id="csi-namespaces",
         ),
@@ -562,20 +561,36 @@ CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for ver
             {"team-a": CONFIG},
             id="namespaces",
         ),
+        pytest.param(READ_AS_POD, EXPECTED_RULES - TOKENS - CONFIG, {}, id="read-as-pod"),
+        pytest.param(
+            {**READ_AS_POD, "rbac": {"namespaces": ["team-a"]}},
+            EXPECTED_RULES - TOKENS - CONFIG,
+            {},
+            id="read-as-pod-namespaces",
+        ),
+        pytest.param(NODE_MODE, None, {}, id="node"),
+        pytest.param({**READ_AS_POD, **NODE_MODE}, None, {}, id="node-read-as-pod"),
     ],
 )
 def test_each_setting_grants_exactly_its_documented_rules(
     chart: helm.Chart,
     values: Obj,
-    cluster_wide: set[tuple[str, str, str]],
+    cluster_wide: set[tuple[str, str, str]] | None,
     namespaced: dict[str, set[tuple[str, str, str]]],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """No extra verb or resource, cluster-wide or in any namespace: with CSI the agent mints
     no token (kubelet passes them, and the agent is told so), with rbac.namespaces ConfigMaps
-    and Secrets are readable in those namespaces only."""
+    and Secrets are readable in those namespaces only, read as the pod (csi.readAs) not at all
+    (the pods' tokens read them), and as its node (rbac.mode node) the ServiceAccount gets no
+    rule at all: the node's identity is confined by the Node authorizer."""
     objs = render(chart, values)
-    assert granted(one(objs, "ClusterRole")) == cluster_wide
+    bindings = [o for o in objs if o["kind"] in ("ClusterRoleBinding", "RoleBinding")]
+    if cluster_wide is None:
+        assert [o for o in objs if o["kind"] in ("ClusterRole", "Role")] == []
+        assert bindings == []
+    else:
+        assert granted(one(objs, "ClusterRole")) == cluster_wide
     roles = {o["metadata"]["namespace"]: granted(o) for o in objs if o["kind"] == "Role"}
     assert roles == namespaced
     account = one(objs, "ServiceAccount")["metadata"]["name"]
@@ -588,12 +603,55 @@ def test_each_setting_grants_exactly_its_documented_rules(
         ]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    [container] = agent(objs)["spec"]["template"]["spec"]["containers"]
+    pod = agent(objs)["spec"]["template"]["spec"]
+    [container] = pod["containers"]
     args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
-    assert args.csi_token_requests is not values.get("csi", {}).get("enabled", False)
+    want = merged(values)
+    assert args.csi_token_requests is not want["csi"]["enabled"]
+    assert args.csi_read_as == ("pod" if values.get("csi", {}).get("readAs") == "pod" else "agent")
+    if want["rbac"]["mode"] == "node":
+        node = want["rbac"]["node"]
+        assert args.kubeconfig == Path(node["kubeconfig"])
+        assert pod["automountServiceAccountToken"] is False
+        for name, path, kind in (
+            ("kubelet-kubeconfig", node["kubeconfig"], "File"),
+            ("kubelet-certificates", node["certificateDir"], "Directory"),
+        ):
+            assert named(pod["volumes"], name)["hostPath"] == {"path": path, "type": kind}
+            mount = named(container["volumeMounts"], name)
+            assert (mount["mountPath"], mount["readOnly"]) == (path, True)
+    if args.csi_read_as == "pod":  # kubelet passes the pod's token for the API server
+        requests = one(objs, "CSIDriver")["spec"]["tokenRequests"]
+        assert {"audience": ""} in requests
     for obj in objs:
         for version in KUBE_VERSIONS:
             kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        pytest.param(
+            {**NODE_MODE, "csi": {"enabled": True}},
+            "rbac.mode: node with csi.enabled needs csi.readAs: pod",
+            id="node-csi-as-agent",
+        ),
+        pytest.param({"rbac": {"mode": "node"}}, "set source.kubernetes", id="node-manifests"),
+        pytest.param({**API, "csi": {"readAs": "pod"}}, "set csi.enabled", id="pod-without-csi"),
+    ],
+)
+def test_an_identity_that_cannot_work_fails_the_render(
+    chart: helm.Chart, values: Obj, message: str
+) -> None:
+    with pytest.raises(Exception, match=re.escape(message)):
+        render(chart, values)
+
+
+def test_read_as_pod_keeps_a_listed_audience_of_the_api_server(chart: helm.Chart) -> None:
+    """The CSIDriver refuses one audience twice: the webhook's kube-api-access entry stays."""
+    listed = [{"audience": "", "expirationSeconds": 3607}, {"audience": "vault"}]
+    values = {**READ_AS_POD, "csi": {**READ_AS_POD["csi"], "tokenRequests": listed}}
+    assert one(render(chart, values), "CSIDriver")["spec"]["tokenRequests"] == listed
 
 
 def granted(role: Obj) -> set[tuple[str, str, str]]:

@@ -87,3 +87,38 @@ source.kubernetes.
 {{- define "fusevol.csiSocket" -}}
 {{- printf "%s/plugins/fusevol.io/csi.sock" .Values.csi.kubeletDir }}
 {{- end }}
+
+{{/*
+Whose identity reads what, checked: the node's identity reads no CSI volume's objects (the Node
+authorizer knows only what pods' own specs reference), so with CSI it needs csi.readAs pod; and
+csi.readAs pod is a CSI setting.
+*/}}
+{{- define "fusevol.checkIdentity" -}}
+{{- if and (eq .Values.rbac.mode "node") (not .Values.source.kubernetes) }}
+{{- fail "rbac.mode: node is an identity with the API server: set source.kubernetes as well" }}
+{{- end }}
+{{- if and (eq .Values.rbac.mode "node") .Values.csi.enabled (ne .Values.csi.readAs "pod") }}
+{{- fail "rbac.mode: node with csi.enabled needs csi.readAs: pod (the Node authorizer lets a node read only the objects its pods' own specs name, never a CSI volume's)" }}
+{{- end }}
+{{- if and (eq .Values.csi.readAs "pod") (not (and .Values.csi.enabled .Values.source.kubernetes)) }}
+{{- fail "csi.readAs: pod reads CSI volumes' objects from the Kubernetes API: set csi.enabled and source.kubernetes as well" }}
+{{- end }}
+{{- end }}
+
+{{/*
+The CSIDriver's tokenRequests: csi.tokenRequests, and with csi.readAs pod the API server's own
+audience (""), the token a CSI volume's objects are read with, unless listed already. A YAML list.
+*/}}
+{{- define "fusevol.tokenRequests" -}}
+{{- $requests := .Values.csi.tokenRequests }}
+{{- $listed := false }}
+{{- range $requests }}
+{{- if eq .audience "" }}
+{{- $listed = true }}
+{{- end }}
+{{- end }}
+{{- if and (eq .Values.csi.readAs "pod") (not $listed) }}
+{{- $requests = append $requests (dict "audience" "") }}
+{{- end }}
+{{- toYaml $requests }}
+{{- end }}
