@@ -436,7 +436,13 @@ class KubeSource:
                 await reader.get(key.kind, namespace=key.namespace, name=key.name)
             except ApiError as exc:
                 if exc.code in (401, 403):
-                    log.info("read as pod refused object=%s pod=%s error=%s", key, pod.key, exc)
+                    log.info(
+                        "read as pod refused object=%s pod=%s/%s error=%s",
+                        key,
+                        pod.namespace,
+                        pod.name,
+                        exc,
+                    )
                     return f"read as the pod ({account}): {exc}"
                 raise ApiUnavailable(f"read {key} as the pod ({account}): {exc}") from None
         for key in keys:
