@@ -153,6 +153,9 @@ def _has_value(path: Path, value: str) -> bool:
 
 def test_readers_never_see_mixed_versions(agent: AgentProcess, manifests: Path) -> None:
     volume = agent.volume(POD_UID, "configmap", "config")
+    # The pod set's own ConfigMap has a != b: the readers start once a version with a == b is in.
+    write_atomically(manifests / "configmap.yaml", configmap(a="start", b="start"))
+    wait_for(lambda: (volume / "a").read_text() == "start" == (volume / "b").read_text())
     readers = [
         subprocess.Popen(
             [sys.executable, "-c", READER, str(volume), "6"], stdout=subprocess.PIPE, text=True
