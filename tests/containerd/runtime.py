@@ -163,10 +163,19 @@ def bind(src: Path, dst: str, *options: str) -> str:
 
 
 class LineClock:
-    """Follows a file a container appends lines to; notes when each complete line arrives."""
+    """Follows a file a container appends lines to; notes when each complete line arrives.
 
-    def __init__(self, path: Path) -> None:
+    A `stamped` file's lines begin with the moment the container began the work the line reports:
+    the first field of /proc/uptime (CLOCK_BOOTTIME, 10 ms steps), which a shell reads with its
+    builtin `read`, no process needed. Such a line is noted at that moment instead, on the host's
+    monotonic clock: when a reader looked, not when the scheduler let it finish (a container's
+    processes may wait seconds for a CPU on a loaded machine)."""
+
+    def __init__(self, path: Path, *, stamped: bool = False) -> None:
         self._path = path
+        self._offset = (
+            time.clock_gettime(time.CLOCK_BOOTTIME) - time.monotonic() if stamped else None
+        )
         path.touch()
         self.lines: list[tuple[float, str]] = []
         self._stop = threading.Event()
@@ -184,10 +193,16 @@ class LineClock:
                 now = time.monotonic()
                 buffer += chunk
                 *complete, buffer = buffer.split(b"\n")
-                self.lines.extend((now, line.decode()) for line in complete)
+                self.lines.extend(self._noted(now, line.decode()) for line in complete)
+
+    def _noted(self, now: float, line: str) -> tuple[float, str]:
+        if self._offset is None:
+            return now, line
+        stamp, _, text = line.partition(" ")
+        return float(stamp) - self._offset, text
 
     def wait_for(self, text: str, *, after: float, timeout_s: float = 10.0) -> float:
-        """The arrival time of the first line equal to `text` that arrived after `after`."""
+        """The time of the first line equal to `text` noted after `after`."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             for at, line in list(self.lines):
@@ -195,6 +210,25 @@ class LineClock:
                     return at
             time.sleep(0.001)
         raise TimeoutError(f"no line {text!r} within {timeout_s}s: {self.lines[-5:]}")
+
+    def settled(
+        self, text: str, *, after: float, within_s: float, patience_s: float = 30.0
+    ) -> float:
+        """For a `stamped` file: check that every line begun `within_s` or more after `after` is
+        `text`, once one such line has come (waiting up to `patience_s` for it); return when the
+        first `text` line begun after `after` was begun. A reader the scheduler held up meanwhile
+        is not a late change; one that looks after `within_s` and still sees the old one is."""
+        assert self._offset is not None, "settled() needs a stamped file"
+        deadline, limit = time.monotonic() + patience_s, after + within_s
+        while not any(at >= limit for at, _ in list(self.lines)):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no line begun {within_s}s after the change: {self.lines[-5:]}")
+            time.sleep(0.001)
+        lines = [(at, line) for at, line in list(self.lines) if at >= after]
+        late = [(at - after, line) for at, line in lines if at >= limit and line != text]
+        if late:
+            raise TimeoutError(f"still not {text!r} {within_s}s after the change: {late[:5]}")
+        return next(at for at, line in lines if line == text)
 
     def close(self) -> None:
         self._stop.set()

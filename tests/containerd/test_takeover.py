@@ -54,11 +54,12 @@ KILLS = int(os.environ.get("FUSEVOL_TAKEOVER_KILLS", "20"))
 """Kills mid-publish: the CI subset; the README's 100 with FUSEVOL_TAKEOVER_KILLS=100."""
 
 READ_LOOP = (
-    "while :; do d=$(busybox readlink /etc/config/..data) && a=$(cat /etc/config/$d/a)"
-    ' && b=$(cat /etc/config/$d/b) && ls /etc/config >/dev/null && echo "ok $a $b"'
-    " || echo fail; usleep 20000; done >> /out/reads 2>> /out/errors"
+    "while :; do read up idle < /proc/uptime; d=$(busybox readlink /etc/config/..data)"
+    " && a=$(cat /etc/config/$d/a) && b=$(cat /etc/config/$d/b) && ls /etc/config >/dev/null"
+    ' && echo "$up ok $a $b" || echo "$up fail"; usleep 20000; done >> /out/reads 2>> /out/errors'
 )
-"""`ls` always reaches the FUSE server (opendir); `..data` is resolved once per round."""
+"""`ls` always reaches the FUSE server (opendir); `..data` is resolved once per round. Each line
+is stamped with the moment its round began (`LineClock(stamped=True)`)."""
 
 
 def configmap(value: str) -> str:
@@ -88,7 +89,8 @@ def test_plain_binds_read_through_every_takeover(
         agent.wait_state(POD_UID, "config", "mounted")
         wait_for(lambda: "held by the launcher" in agent.log_text())
         volume = agent.volume(POD_UID, "configmap", "config")
-        clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+        clock = LineClock(out / "reads", stamped=True)
+        slave_clock = LineClock(slave_out / "reads", stamped=True)
         for reads in (out / "reads", slave_out / "reads"):
             reads.chmod(0o666)  # the readers are uid 1000
         reader = containerd.run(
@@ -223,7 +225,8 @@ def start_readers(
     """Two containers reading `volume` every 20 ms as uid 1000 (`READ_LOOP`), one through a
     plain rbind (rprivate), one through an rslave bind, each into its own output directory;
     their names and the clocks of their reads."""
-    clock, slave_clock = LineClock(out / "reads"), LineClock(slave_out / "reads")
+    clock = LineClock(out / "reads", stamped=True)
+    slave_clock = LineClock(slave_out / "reads", stamped=True)
     for reads in (out / "reads", slave_out / "reads"):
         reads.chmod(0o666)
     readers = []
@@ -318,9 +321,9 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
                 pauses.append(_longest_gap(clock, started))
                 write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
                 edited = time.monotonic()
-                seen = clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
-                slave_clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
-                seen_ms.append((seen - edited) * 1000)
+                seen = clock.settled(f"ok v{n} v{n}", after=edited, within_s=1)
+                slave_clock.settled(f"ok v{n} v{n}", after=edited, within_s=1)
+                seen_ms.append(max(0.0, seen - edited) * 1000)
                 previous.process.send_signal(signal.SIGTERM)  # the old pod is deleted
                 assert previous.process.wait(timeout=10) == 0
             assert "retired" in agents[0].log_text()
@@ -340,8 +343,8 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
             previous.wait_agent_gone(10)
             write_atomically(manifests / "configmap.yaml", configmap("namespaced"))
             edited = time.monotonic()
-            seen = clock.wait_for("ok namespaced namespaced", after=edited, timeout_s=2)
-            seen_ms.append((seen - edited) * 1000)
+            seen = clock.settled("ok namespaced namespaced", after=edited, within_s=2)
+            seen_ms.append(max(0.0, seen - edited) * 1000)
             (manifests / "second.yaml").write_text(pod_set_pod("second", SECOND_UID))
             agent.wait_state(SECOND_UID, "config", "mounted")
             assert (agent.volume(SECOND_UID, "configmap", "config") / "a").read_text() == (
@@ -354,7 +357,7 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
             previous, agent = agent, generation(100)
             agents.append(agent.start())
             write_atomically(manifests / "configmap.yaml", configmap("back"))
-            clock.wait_for("ok back back", after=time.monotonic(), timeout_s=2)
+            clock.settled("ok back back", after=time.monotonic(), within_s=2)
             assert previous.process is not None
             os.kill(previous.pid, signal.SIGTERM)  # the retired launcher, unshare's child
             assert previous.process.wait(timeout=10) == 0
@@ -378,7 +381,8 @@ def test_a_rollout_takes_the_connection_from_the_serving_agent(
             force_stop(each)
 
 
-DELETIONS = 5
+DELETIONS = int(os.environ.get("FUSEVOL_TAKEOVER_DELETIONS", "5"))
+"""Whole-pod kills in a row: the CI count; more with FUSEVOL_TAKEOVER_DELETIONS."""
 
 
 def test_a_deleted_agent_pod_costs_readers_a_pause_not_a_read(
@@ -423,9 +427,9 @@ def test_a_deleted_agent_pod_costs_readers_a_pause_not_a_read(
                 )
                 write_atomically(manifests / "configmap.yaml", configmap(f"v{n}"))
                 edited = time.monotonic()
-                seen = clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
-                slave_clock.wait_for(f"ok v{n} v{n}", after=edited, timeout_s=1)
-                seen_ms.append((seen - edited) * 1000)
+                seen = clock.settled(f"ok v{n} v{n}", after=edited, within_s=1)
+                slave_clock.settled(f"ok v{n} v{n}", after=edited, within_s=1)
+                seen_ms.append(max(0.0, seen - edited) * 1000)
                 pauses.append(_longest_gap(clock, killed))
         finally:
             clock.close()
