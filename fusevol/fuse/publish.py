@@ -22,6 +22,7 @@ can afford because unlinked dentries stay valid for those who hold them.
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import random
 import time
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 
     from fusevol.fuse.tree import Node, Tree
     from fusevol.model import Payload
+
+log = logging.getLogger(__name__)
 
 DATA = b"..data"
 DATA_TMP = b"..data_tmp"
@@ -97,21 +100,31 @@ class Publisher:
         short left behind (versions `..data` does not name, a `..data_tmp`) is removed once `run`
         has started, after the grace period."""
         for name, directory in (self._tree.root.children or {}).items():
-            data = self._tree.child(directory, DATA)
-            current = None if data is None else self._tree.child(directory, data.target)
-            self._versions[name] = None
-            if data is not None and current is not None and current.children is not None:
-                self._versions[name] = Version(
-                    data.target,
-                    dict(_files(current)),
-                    current.gid or None,
-                    current.mode & 0o7777,
-                )
+            self._versions[name] = self._found(directory)
+            current = self._current_dir(directory)
             for entry, node in (directory.children or {}).items():
                 if entry == DATA_TMP:
                     self._leftovers.append(("unlink", self.path(name) / os.fsdecode(entry)))
                 elif node.is_dir and entry.startswith(b"..") and node is not current:
                     self._leftovers.append(("rmdir", self.path(name) / os.fsdecode(entry)))
+
+    def _current_dir(self, directory: Node) -> Node | None:
+        """The version directory the volume's `..data` names, if it is one."""
+        data = self._tree.child(directory, DATA)
+        current = None if data is None else self._tree.child(directory, data.target)
+        return current if current is not None and current.children is not None else None
+
+    def _found(self, directory: Node) -> Version | None:
+        """The current version of a volume directory as the tree holds it, for a volume this
+        publisher did not make: a restored one (`adopt`), or one a failed removal left."""
+        current = self._current_dir(directory)
+        if current is None:
+            return None
+        data = self._tree.child(directory, DATA)
+        assert data is not None
+        return Version(
+            data.target, dict(_files(current)), current.gid or None, current.mode & 0o7777
+        )
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the helper processes, host the delayed removals of old versions until cancelled,
@@ -155,8 +168,15 @@ class Publisher:
             and self._tree.child(self._tree.root, volume) is None
         ):
             return
-        with contextlib.suppress(FileNotFoundError):
+        try:
             await self._vfs("rmdir", self.path(volume))
+        except FileNotFoundError:
+            if self._tree.child(self._tree.root, volume) is not None:
+                # The kernel says the name is not there while our tree holds it: should never
+                # be. Say so; a later publish of the volume takes the directory as it finds it.
+                log.warning(
+                    "volume directory not found through the mount path=%s", self.path(volume)
+                )
 
     async def publish(
         self,
@@ -189,7 +209,7 @@ class Publisher:
             self._create(volume, payload, gid, dir_mode, new)
             return True
         root = self.path(volume)
-        old = self._versions[volume]
+        old = self._versions[volume] if volume in self._versions else self._found(volume_dir)
         new_names = _top_level(payload)
         missing = {n for n in new_names if self._tree.child(volume_dir, n) is None}
         removed = (_top_level(old.payload) - new_names) if old else set()  # (3)
