@@ -14,6 +14,7 @@ Protocol, one JSON line each way (`fusevol.base.helper_child`): a batch, `[[op, 
 from __future__ import annotations
 
 import errno
+import os
 from typing import TYPE_CHECKING
 
 from fusevol.base import helper_child
@@ -34,9 +35,14 @@ def answer(batch: object) -> list[list[object]]:
     for op, *args in batch:  # type: ignore[attr-defined]
         try:
             results.append([0, OPERATIONS[op](*args)])
-        except OSError as exc:
-            results.append([exc.errno or errno.EIO, exc.strerror or str(exc)])
+        except OSError as exc:  # which path, when it is one: a bind has two
+            reason = exc.strerror or str(exc)
+            results.append([exc.errno or errno.EIO, _with_path(reason, exc.filename)])
     return results
+
+
+def _with_path(reason: str, path: str | bytes | None) -> str:
+    return reason if path is None else f"{reason} ({os.fsdecode(path)})"
 
 
 if __name__ == "__main__":
