@@ -16,7 +16,7 @@ import dataclasses
 import errno
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, NamedTuple, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import pytest
 import trio
@@ -117,6 +117,9 @@ class FakeVolumes:
 
     def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
         return []  # nothing shared: every refresh comes from the pass
+
+    def objects(self, volume: VolumeToServe) -> tuple[ObjectKey, ...]:
+        return self._real.objects(volume)
 
     def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume:
         return self._real.refreshed(mounted, inputs)
@@ -395,6 +398,133 @@ async def test_refresh_follows_object_versions(
     mounted = served.actual.get(A_CFG)
     assert mounted is not None
     assert mounted.inputs == (CFG.source, None, None, version)
+
+
+def _pods_with_own_configmaps(count: int) -> tuple[list[ConfigMap], list[Pod]]:
+    maps = [
+        ConfigMap(namespace="ns", name=f"cm{i}", resource_version=ResourceVersion("1"))
+        for i in range(count)
+    ]
+    pods = [
+        Pod(
+            PodUID(f"uid-{i}"),
+            "ns",
+            f"p{i}",
+            ResourceVersion("100"),
+            volumes=(Volume(VolumeName("cfg"), ConfigMapVolumeSource(name=f"cm{i}")),),
+        )
+        for i in range(count)
+    ]
+    return maps, pods
+
+
+async def test_an_edit_asks_only_the_volumes_built_from_the_object(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    """The passes that follow an edit (and the end of its refresh) look at the volumes built
+    from the edited object, not at every volume of the node; a full pass still comes at the
+    resync interval."""
+    count = 300
+    maps, pods = _pods_with_own_configmaps(count)
+    world.add(*maps, *pods)
+    await world.start()
+    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
+    await trio.sleep(1)
+    edited = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[7].uid, VolumeName("cfg"))
+    inputs, asked = world.volumes.inputs, list[UniqueVolumeName]()
+
+    def inputs_noted(volume: VolumeToServe) -> Hashable:
+        asked.append(volume.name)
+        return inputs(volume)
+
+    world.volumes.inputs = inputs_noted  # type: ignore[method-assign]
+    passes = world.reconciler.passes
+    world.store.upsert(dataclasses.replace(maps[7], resource_version=ResourceVersion("2")))
+    await wait_until(lambda: [c.operation for c in world.volumes.calls_of(edited)][-1] == "refresh")
+    await trio.sleep(1)
+    assert world.reconciler.passes >= passes + 2  # the edit's, and the one after its refresh
+    assert set(asked) == {edited}
+
+    await trio.sleep(SETTINGS.resync_interval_s)
+    assert len(set(asked)) == count  # the resync: every volume
+
+
+async def test_a_failed_refresh_is_retried_once_due_while_other_edits_keep_coming(
+    autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Passes that follow only edits look at the edited objects' volumes: a volume whose
+    refresh failed is still retried once its backoff is over, even when the retry fell due
+    during a long pass and edits of other objects keep waking the reconciler."""
+    count = 20
+    maps, pods = _pods_with_own_configmaps(count)
+    world.add(*maps, *pods)
+    await world.start()
+    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
+    failing = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[0].uid, VolumeName("cfg"))
+    world.volumes.failing.add(failing)
+    inputs = world.volumes.inputs
+
+    def a_long_pass_over_the_retry_time(volume: VolumeToServe) -> Hashable:
+        if 10.4 <= trio.current_time() < 10.5:
+            autojump_clock.jump(0.2)  # this pass takes 0.2 s: the retry falls due meanwhile
+        return inputs(volume)
+
+    world.volumes.inputs = a_long_pass_over_the_retry_time  # type: ignore[method-assign]
+    await trio.sleep_until(10)
+    world.store.upsert(dataclasses.replace(maps[0], resource_version=ResourceVersion("2")))
+    for n in range(30):  # another object edited every 0.1 s, for 3 s
+        await trio.sleep(0.1)
+        other = maps[1 + n % (count - 1)]
+        world.store.upsert(dataclasses.replace(other, resource_version=ResourceVersion(f"{n}")))
+    refreshes = [c.time for c in world.volumes.calls_of(failing) if c.operation == "refresh"]
+    assert refreshes[0] == 10
+    assert 10.5 <= refreshes[1] <= 10.7  # the first pass after the long one, not the resync
+    assert any("injected refresh failure" in line for line in error_lines(caplog))
+
+
+async def test_an_edit_during_a_pass_is_refreshed_before_the_pass_ends(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    """A pass walks every volume of the node; an edit that arrives meanwhile has the refresh of
+    its shared subtree started at the pass's next step (`_STEP` volumes later), not after the
+    whole pass. Here the edit comes when the pass is at the 200th of 300 volumes, and is of the
+    first volume's ConfigMap, which this pass has gone past."""
+    count = 300
+    maps, pods = _pods_with_own_configmaps(count)
+    world.add(*maps, *pods)
+    await world.start()
+    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
+    first = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[0].uid, VolumeName("cfg"))
+    edit_at = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[200].uid, VolumeName("cfg"))
+    edited = dataclasses.replace(maps[0], resource_version=ResourceVersion("2"))
+
+    def to_refresh_first(changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
+        volume = world.desired.get(first)
+        return [volume] if volume is not None and edited.key in changed else []
+
+    inputs, edit_pass = world.volumes.inputs, list[int]()
+
+    def inputs_editing(volume: VolumeToServe) -> Hashable:
+        if volume.name == edit_at and not edit_pass:  # the edit arrives here, mid-pass
+            edit_pass.append(world.reconciler.passes)
+            world.store.upsert(edited)
+        return inputs(volume)
+
+    start, refresh_pass = world.executor.start, list[int]()
+
+    def start_noting_the_pass(
+        name: UniqueVolumeName, operation: str, *args: Any, **kwargs: Any
+    ) -> None:
+        if (operation, name) == ("refresh", first):
+            refresh_pass.append(world.reconciler.passes)
+        start(name, operation, *args, **kwargs)
+
+    world.volumes.to_refresh_first = to_refresh_first  # type: ignore[method-assign]
+    world.volumes.inputs = inputs_editing  # type: ignore[method-assign]
+    world.executor.start = start_noting_the_pass  # type: ignore[method-assign]
+    world.reconciler.kick()
+    await wait_until(lambda: bool(refresh_pass))
+    assert refresh_pass == edit_pass  # started in the very pass the edit came in
 
 
 # -- failures --------------------------------------------------------------------------------------

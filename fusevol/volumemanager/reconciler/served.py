@@ -150,6 +150,10 @@ class ServedVolumes:
             versions.append(None if obj is None else obj.resource_version)
         return (volume.source, volume.pod.fs_group, pod, *versions)
 
+    def objects(self, volume: VolumeToServe) -> tuple[ObjectKey, ...]:
+        """The objects `inputs` reads the versions of."""
+        return self._facts_of(volume).objects
+
     def shared_subtree(self, volume: VolumeToServe) -> bytes | None:
         """The shared subtree the volume is bound to, if it is shared and still the right one."""
         name = self._subtree_of.get((volume.pod.uid, volume.spec_name))

@@ -81,6 +81,12 @@ class Volumes:
         """One user of each shared subtree built from a `changed` object (`ServedVolumes`)."""
         return self.served.to_refresh_first(changed)
 
+    def objects(self, volume: VolumeToServe) -> tuple[ObjectKey, ...]:
+        """The objects of the store that the volume's inputs follow (none for a mount)."""
+        if volume.plugin is None or not volume.plugin.served_from_memory:
+            return ()
+        return self.served.objects(volume)
+
     def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool:
         """True if the volume's content is built from `inputs` already (a shared subtree that
         another pod's refresh published): its refresh is only to record them (`refreshed`)."""
