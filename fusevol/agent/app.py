@@ -381,6 +381,9 @@ class Agent:
             if not self._holder_has_it:  # a holder that started meanwhile asked nobody
                 self._offer_to_holder()
         nursery.start_soon(self._find_frozen)  # binds of a connection we could not take over
+        # A stop signal that came while the last `nursery.start` returned left no checkpoint to
+        # deliver its cancellation of `_active`: this one does, before the agent says it serves.
+        await trio.lowlevel.checkpoint()
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
         self._mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)
