@@ -113,24 +113,30 @@ async def test_requests_share_one_dial_and_its_failure() -> None:
     assert pool.connections_made == 1  # one refused dial for the 50 requests
 
 
+async def _answer_headers(tcp: trio.SocketStream) -> None:
+    """A server's side of h2c up to the first request answered: SETTINGS, then the response's
+    headers (status 200, the stream left open)."""
+    server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
+    server.initiate_connection()
+    await tcp.send_all(server.data_to_send())
+    answered = False
+    while not answered:
+        for event in server.receive_data(await tcp.receive_some(65536)):
+            if isinstance(event, h2.events.RequestReceived):
+                server.send_headers(event.stream_id, [(":status", "200")])
+                answered = True
+        await tcp.send_all(server.data_to_send())
+
+
 async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
     monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
-    answered = trio.Event()
 
     async def silent_after_headers(tcp: trio.SocketStream) -> None:
         """h2c: SETTINGS, the response's headers, then never another byte (reads go on)."""
-        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        server.initiate_connection()
-        await tcp.send_all(server.data_to_send())
-        while not answered.is_set():
-            for event in server.receive_data(await tcp.receive_some(65536)):
-                if isinstance(event, h2.events.RequestReceived):
-                    server.send_headers(event.stream_id, [(":status", "200")])
-                    answered.set()
-            await tcp.send_all(server.data_to_send())
+        await _answer_headers(tcp)
         while await tcp.receive_some(65536):
             pass  # the PING is read, never answered
 
@@ -148,19 +154,10 @@ async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
 async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_and_quietly(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    answered = trio.Event()
 
     async def reset_after_headers(tcp: trio.SocketStream) -> None:
         """h2c: SETTINGS, the response's headers, then a TCP reset (SO_LINGER 0)."""
-        server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
-        server.initiate_connection()
-        await tcp.send_all(server.data_to_send())
-        while not answered.is_set():
-            for event in server.receive_data(await tcp.receive_some(65536)):
-                if isinstance(event, h2.events.RequestReceived):
-                    server.send_headers(event.stream_id, [(":status", "200")])
-                    answered.set()
-            await tcp.send_all(server.data_to_send())
+        await _answer_headers(tcp)
         tcp.socket.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         tcp.socket.close()
 
