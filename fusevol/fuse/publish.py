@@ -100,28 +100,22 @@ class Publisher:
         short left behind (versions `..data` does not name, a `..data_tmp`) is removed once `run`
         has started, after the grace period."""
         for name, directory in (self._tree.root.children or {}).items():
-            self._versions[name] = self._found(directory)
-            current = self._current_dir(directory)
+            version = self._versions[name] = self._found(directory)
+            current = None if version is None else version.name
             for entry, node in (directory.children or {}).items():
                 if entry == DATA_TMP:
                     self._leftovers.append(("unlink", self.path(name) / os.fsdecode(entry)))
-                elif node.is_dir and entry.startswith(b"..") and node is not current:
+                elif node.is_dir and entry.startswith(b"..") and entry != current:
                     self._leftovers.append(("rmdir", self.path(name) / os.fsdecode(entry)))
 
-    def _current_dir(self, directory: Node) -> Node | None:
-        """The version directory the volume's `..data` names, if it is one."""
+    def _found(self, directory: Node) -> Version | None:
+        """The current version of a volume directory as the tree holds it (the version directory
+        its `..data` names, if it is one), for a volume this publisher did not make: a restored
+        one (`adopt`), or one a failed removal left."""
         data = self._tree.child(directory, DATA)
         current = None if data is None else self._tree.child(directory, data.target)
-        return current if current is not None and current.children is not None else None
-
-    def _found(self, directory: Node) -> Version | None:
-        """The current version of a volume directory as the tree holds it, for a volume this
-        publisher did not make: a restored one (`adopt`), or one a failed removal left."""
-        current = self._current_dir(directory)
-        if current is None:
+        if data is None or current is None or current.children is None:
             return None
-        data = self._tree.child(directory, DATA)
-        assert data is not None
         return Version(
             data.target, dict(_files(current)), current.gid or None, current.mode & 0o7777
         )
