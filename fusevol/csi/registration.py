@@ -8,6 +8,12 @@ socket appears at that path (its plugin watcher compares creation times). So who
 longest answers it: the agent itself, or in the chart `fusevol hold`, which a rollout never
 restarts (`fusevol.agent.holder`). The socket is bound aside and renamed into place: a
 successor's replaces its predecessor's in one step, and a path kubelet knows is never missing.
+
+kubelet tries a registration socket once: it counts the plugin as known before its CSI handler
+calls the driver (pkg/kubelet/pluginmanager/operationexecutor/operation_generator.go), so when
+that call finds no CSI server (the holder's pod started before the agent's, as on every fresh
+install), it refuses, Unavailable, and never asks again. node-driver-registrar exits then, and
+its restart makes a new socket. Here the socket is made anew once the CSI socket answers.
 """
 
 from __future__ import annotations
@@ -15,6 +21,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import socket
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -47,24 +55,47 @@ class Registration:
         self._endpoint = endpoint
         self._server: grpc.Server | None = None
         self._inode = 0
+        self._lock = threading.Lock()
+        """Held while the server is swapped: `stop` and a new socket (`_offer_again`)."""
+        self._stopped = threading.Event()
 
     def start(self) -> None:
         """Listen (blocking: call it from a thread in trio)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix="csi-reg"))
-        server.add_generic_rpc_handlers([self._handler()])
-        self._inode = listen_in_place(server, self.path, "reg")
-        self._server = server
+        with self._lock:
+            self._listen()
         log.info("csi registration socket for kubelet path=%s", self.path)
 
     def stop(self, *, remove: bool) -> None:
         """Stop answering; `remove` the socket too (kubelet then forgets the driver), unless it
         is a successor's by now."""
-        if self._server is not None:
-            self._server.stop(grace=None)
-            self._server = None
-        if remove:
-            unlink_if_same(self.path, self._inode)
+        self._stopped.set()
+        with self._lock:
+            if self._server is not None:
+                self._server.stop(grace=None)
+                self._server = None
+            if remove:
+                unlink_if_same(self.path, self._inode)
+
+    def _listen(self) -> None:
+        """A server on a new socket in place of the current one (with `_lock` held)."""
+        server = grpc.server(ThreadPoolExecutor(max_workers=1, thread_name_prefix="csi-reg"))
+        server.add_generic_rpc_handlers([self._handler()])
+        self._inode = listen_in_place(server, self.path, "reg")
+        previous, self._server = self._server, server
+        if previous is not None:
+            previous.stop(grace=None)
+
+    def _offer_again(self) -> None:
+        """Once the CSI socket answers, a new registration socket: kubelet registers again."""
+        while not self._stopped.wait(_PROBE_S):
+            if _answers(self._endpoint):
+                break
+        with self._lock:
+            if self._stopped.is_set():
+                return
+            self._listen()
+        log.info("csi driver answers: registration socket made anew path=%s", self.path)
 
     def _handler(self) -> grpc.GenericRpcHandler:
         def get_info(request: reg.InfoRequest, context: grpc.ServicerContext) -> reg.PluginInfo:
@@ -80,6 +111,15 @@ class Registration:
         ) -> reg.RegistrationStatusResponse:
             if request.plugin_registered:
                 log.info("csi driver registered with kubelet driver=%s", DRIVER)
+            elif _UNAVAILABLE in request.error:  # kubelet found no CSI server there yet
+                log.info(
+                    "kubelet could not reach the csi driver yet, registering again once it "
+                    "answers endpoint=%s",
+                    self._endpoint,
+                )
+                threading.Thread(
+                    target=self._offer_again, name="csi-reg-again", daemon=True
+                ).start()
             else:
                 log.error(
                     "kubelet refused the csi driver driver=%s error=%s", DRIVER, request.error
@@ -93,6 +133,22 @@ class Registration:
                 "NotifyRegistrationStatus": unary(reg.RegistrationStatus, notify),
             },
         )
+
+
+_UNAVAILABLE = "code = Unavailable"
+"""In kubelet's refusal when its call of the CSI socket found no server (grpc's status text)."""
+_PROBE_S = 0.5
+"""How often the CSI socket is tried meanwhile."""
+
+
+def _answers(endpoint: Path) -> bool:
+    """True if a server accepts connections on the unix socket `endpoint`."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(endpoint))
+        except OSError:
+            return False
+    return True
 
 
 def listen_in_place(server: grpc.Server, path: Path, name: str) -> int:
