@@ -535,6 +535,17 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
         "name": "plugins-registry",
         "mountPath": registry,
     }
+    # The agent's CSI socket, read-only: whether it answers (a registration offered again).
+    sockets = str(Path(held.csi_endpoint.removeprefix("unix://")).parent)
+    assert named(pod["volumes"], "csi-socket-dir")["hostPath"] == {
+        "path": sockets,
+        "type": "DirectoryOrCreate",
+    }
+    assert named(container["volumeMounts"], "csi-socket-dir") == {
+        "name": "csi-socket-dir",
+        "mountPath": sockets,
+        "readOnly": True,
+    }
 
 
 CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for verb in VIEW}
