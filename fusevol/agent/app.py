@@ -206,6 +206,7 @@ class Agent:
             tree=self.tree,
             operations=self.operations,
             frozen=self.frozen.gauges,
+            api=built.api,
         )
         # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
         self.csi: CsiServer | None = None

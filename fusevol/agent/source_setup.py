@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from fusevol.base.settings import Settings
     from fusevol.csi.node import Tracker
+    from fusevol.kube.client import ClientStatistics
     from fusevol.model import Pod
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe
@@ -59,6 +60,8 @@ class BuiltSource(NamedTuple):
     """The source in the CSI plugin's refusals."""
     post: Callable[[str, dict[str, Any]], Awaitable[dict[str, Any]]] | None = None
     """The API client's POST (the reviews of `fusevol.observe.auth`); None without the API."""
+    api: Callable[[], ClientStatistics] | None = None
+    """The API client's connections and streams now (for `/metrics`); None without the API."""
 
 
 def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
@@ -82,7 +85,9 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
             pod_volumes=settings.csi is None,
             read_as_pod=settings.csi is not None and settings.csi.read_as_pod,
         )
-        return BuiltSource(source, recorder, None, source.track, "API source", client.post)
+        return BuiltSource(
+            source, recorder, None, source.track, "API source", client.post, client.statistics
+        )
     if settings.manifests is None:
         raise FusevolError("no source: give --manifests DIR or --kubeconfig PATH")
     manifest_recorder = ManifestVolumeRecorder(

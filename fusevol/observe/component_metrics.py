@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
     from fusevol.fuse.ops import Operations
     from fusevol.fuse.tree import Tree
+    from fusevol.kube.client import ClientStatistics
     from fusevol.model import UniqueVolumeName
     from fusevol.observe.metrics import Metrics
     from fusevol.volumemanager.cache.actual import ActualState
@@ -32,9 +33,11 @@ def register(
     tree: Tree,
     operations: Operations,
     frozen: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
+    api: Callable[[], ClientStatistics] | None = None,
 ) -> None:
     """Add the gauges and counters that are read from the components on every scrape;
-    `frozen()`: `fusevol_frozen_volumes` (`fusevol.observe.frozen`)."""
+    `frozen()`: `fusevol_frozen_volumes` (`fusevol.observe.frozen`); `api()`: the API client's
+    connections and streams (with the API source)."""
 
     def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
         for state, names in (
@@ -81,6 +84,25 @@ def register(
         [],
         lambda: [({}, tree.statistics().nodes)],
     )
+    if api is not None:
+        metrics.add_gauge(
+            "fusevol_api_connections",
+            "HTTP/2 connections to the API server open now",
+            [],
+            lambda: [({}, api().connections)],
+        )
+        metrics.add_counter(
+            "fusevol_api_connections_made",
+            "HTTP/2 connections to the API server made (or tried) since the start",
+            [],
+            lambda: [({}, api().connections_made)],
+        )
+        metrics.add_gauge(
+            "fusevol_api_streams",
+            "Requests and watches open now on the connections to the API server",
+            [],
+            lambda: [({}, api().streams)],
+        )
 
 
 def operation_observer(
