@@ -18,8 +18,9 @@ client certificate is a TLS identity, so another one needs its own `KubeClient` 
 connections). `whoami()` asks the API server who the client is (SelfSubjectReview).
 
 Failures are turned into two exceptions: `ApiError` (the server answered with a Status: 404, 410,
-403, ...) and `ApiUnavailable` (no answer: refused, reset, timed out, cut mid-stream). Nothing is
-retried here; the reflector backs off itself.
+403, ...) and `ApiUnavailable` (no answer: refused, reset, timed out, cut mid-stream), of which
+`ApiUnreachable` (no connection at all: nothing was sent). Nothing is retried here; the reflector
+backs off itself, or waits for the server's return (`wait_reachable`).
 
 Excludes: what is listed or watched and why (`reflector`, `source`), token and event policy,
 HTTP/2 itself (`http2`).
@@ -32,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import ssl
 import urllib.parse
 from dataclasses import dataclass
@@ -42,7 +44,7 @@ import trio
 
 import fusevol
 from fusevol.base.errors import FusevolError
-from fusevol.kube.http2 import ConnectionLost, Pool
+from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -72,6 +74,11 @@ refresh hook rereads the in-cluster token, or runs an exec plugin once the token
 _IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
 
+TOO_OLD = re.compile(r"too old resource version: \d+ \((\d+)\)")
+"""kube-apiserver's 410 from its watch cache (k8s.io/apiserver cacher's watch_cache.go): the
+version asked for, and the oldest it can still watch from (older ones get this 410)."""
+
+
 class ApiError(FusevolError):
     """The API server answered with an error Status."""
 
@@ -83,6 +90,34 @@ class ApiError(FusevolError):
 
 class ApiUnavailable(FusevolError):
     """No usable answer from the API server (connection refused, reset, timed out, cut)."""
+
+    def __init__(self, message: str, *, said: bool = False) -> None:
+        super().__init__(message)
+        self.said = said
+        """A connection lost under many requests at once: it was logged once, for all."""
+
+
+class ApiUnreachable(ApiUnavailable):
+    """No connection to the API server could be made, and none is open: nothing was sent
+    (`wait_reachable` says when one is)."""
+
+
+def learn_horizon(horizon: dict[Kind, int], kind: Kind, expired: ApiError) -> bool:
+    """Take in a watch's 410: True if it moved the server's horizon of `kind` on (the oldest
+    resourceVersion its watch cache can still watch from; the reflector's step 4)."""
+    found = TOO_OLD.search(str(expired))
+    if found is None:
+        return False
+    oldest = int(found[1])
+    if oldest <= horizon.get(kind, 0):
+        return False
+    horizon[kind] = oldest
+    return True
+
+
+def behind_horizon(horizon: dict[Kind, int], kind: Kind, resource_version: str) -> bool:
+    """A watch of `kind` from `resource_version` would be answered 410 (`horizon`: a client's)."""
+    return resource_version.isdigit() and int(resource_version) < horizon.get(kind, 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +184,9 @@ class KubeClient:
             self._bearer_pool = pool(ssl_context=_ssl_context(config, client_certificate=False))
         self._credentials: _Credentials = _ConfiguredCredentials(config)
         self._in_flight = trio.Semaphore(REQUESTS_IN_FLIGHT)
+        self.horizon: dict[Kind, int] = {}
+        """Where the server's watch caches start, by kind, as its 410s said: the reflectors'
+        (`learn_horizon`); shared with `with_token`'s clients (the same server)."""
 
     def with_token(self, token: str) -> KubeClient:
         """A client for the same server and connections that authenticates as `token`'s
@@ -176,6 +214,11 @@ class KubeClient:
             raise
         info = (answer.get("status") or {}).get("userInfo") or {}
         return Identity(str(info.get("username", "")), tuple(info.get("groups") or ()))
+
+    async def wait_reachable(self) -> None:
+        """After `ApiUnreachable`: until a connection to the API server is open again (one
+        dialer for all the agent's waiters, jittered, every 2 s at most)."""
+        await self._pool.wait_reachable()
 
     def statistics(self) -> ClientStatistics:
         return ClientStatistics(
@@ -248,6 +291,10 @@ class KubeClient:
         }
         try:
             async with self._in_flight:
+                if behind_horizon(self.horizon, kind, resource_version):  # learnt while queued
+                    oldest = self.horizon[kind]
+                    message = f"too old resource version: {resource_version} ({oldest})"
+                    raise ApiError(410, "Expired", message)  # what the server would answer
                 with trio.fail_after(REQUEST_TIMEOUT_S):
                     response = await self._send(
                         "GET", RESOURCES[kind].path(namespace), query, None, ""
@@ -316,7 +363,7 @@ class KubeClient:
                     try:
                         text = await response.read()
                     except ConnectionLost as exc:
-                        raise ApiUnavailable(str(exc)) from None
+                        raise ApiUnavailable(str(exc), said=exc.said) from None
                     finally:
                         response.close()
         except trio.TooSlowError:
@@ -366,8 +413,10 @@ class KubeClient:
                 text = await response.read()
             finally:
                 response.close()
+        except Unreachable as exc:
+            raise ApiUnreachable(str(exc)) from None
         except ConnectionLost as exc:
-            raise ApiUnavailable(str(exc)) from None
+            raise ApiUnavailable(str(exc), said=exc.said) from None
         raise _api_error(response.status, text)
 
 
@@ -424,7 +473,7 @@ class WatchStream:
             try:
                 data = await self._response.receive()
             except ConnectionLost as exc:
-                raise ApiUnavailable(f"watch: {exc}") from None
+                raise ApiUnavailable(f"watch: {exc}", said=exc.said) from None
             if not data:
                 if self._buffer.strip():
                     raise ApiUnavailable("watch: the stream ended in the middle of an event")

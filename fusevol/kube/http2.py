@@ -8,8 +8,11 @@ What client-go's transport (Go's `http2.Transport`) does for kubelet, in the par
   is one more made, so the connections are ceil(streams / the server's limit): one for up to 250
   watches at kube-apiserver's default limit (`--http2-max-streams-per-connection`). Requests
   that find no room while a connection is being made wait for it instead of dialling their own,
-  and share its failure: after an API server restart every watch of the agent comes back over one
-  new connection, and an unreachable server costs one refused dial per wave of retries.
+  and share its failure (`Unreachable`: nothing was sent). `wait_reachable` is how the callers
+  of a failed dial wait for the server's return: one task dials for all of them, jittered, every
+  2 s at most, so that an API server that is away costs each agent one refused connection per
+  try, and its return is seen within 2 s; after an API server restart every watch of the agent
+  comes back over one new connection.
 - `Connection`: a reader task reads frames and hands each stream its own; a writer task sends
   what the HTTP/2 state machine (the `h2` library, sans-IO) has queued, so every other operation
   is synchronous and never waits for the socket. Flow control: the server's data on a stream is
@@ -34,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import random
 import ssl
 from typing import TYPE_CHECKING
 
@@ -65,6 +69,9 @@ PING_TIMEOUT_S = 15.0
 """client-go's PingTimeout: a PING unanswered this long closes the connection."""
 IDLE_CONNECTION_S = 90.0
 """Go's IdleConnTimeout: a connection without a stream this long is closed."""
+REACH_BACKOFF_S = (0.25, 2.0)
+"""`wait_reachable`'s dials: the first after 0.25 s, doubling to 2 s, each up to half sooner at
+random (the agents of a cluster do not dial a returning API server at the same instant)."""
 READ_SIZE = 1 << 16
 _MAX_STREAM_ID = (1 << 31) - 1
 
@@ -73,6 +80,16 @@ Header = tuple[bytes, bytes]
 
 class ConnectionLost(FusevolError):
     """The request could not be sent, or its answer was cut (refused, reset, timed out, GOAWAY)."""
+
+    def __init__(self, message: str, *, said: bool = False) -> None:
+        super().__init__(message)
+        self.said = said
+        """The loss of the whole connection, under every stream it carried, was logged once
+        (its streams need not each say it again)."""
+
+
+class Unreachable(ConnectionLost):
+    """No connection to the server could be made, and none is open: nothing was sent."""
 
 
 class Response:
@@ -100,7 +117,7 @@ class Response:
         """The next data of the body; b"" at its end."""
         while not self._chunks:
             if self._error:
-                raise ConnectionLost(self._error)
+                raise ConnectionLost(self._error, said=self._connection.said)
             if self._ended:
                 return b""
             await self._wait()
@@ -164,6 +181,8 @@ class Connection:
         self._error = ""
         self._idle_since = trio.current_time()
         self.streams_opened = 0
+        self.said = False
+        """Its loss was logged (`close(lost=True)` with streams open)."""
 
     # -- for the pool ------------------------------------------------------------------------------
 
@@ -205,7 +224,7 @@ class Connection:
                 await self._send_body(stream_id, body)
             while not response.status:
                 if response._error:
-                    raise ConnectionLost(response._error)
+                    raise ConnectionLost(response._error, said=self.said)
                 if response._ended:
                     raise ConnectionLost(f"{self.label}: stream {stream_id} ended without headers")
                 await response._wait()
@@ -214,13 +233,23 @@ class Connection:
             raise
         return response
 
-    def close(self, reason: str) -> None:
+    def close(self, reason: str, *, lost: int = 0) -> None:
         """Fail every stream and stop taking new ones; the connection's tasks end and close
-        the socket."""
+        the socket. `lost`: the level of a log line saying so, if streams were open (one line
+        for all of them)."""
         if self._closed:
             return
         self._closed = True
         self._error = f"{self.label}: {reason}"
+        if lost and self._responses:
+            log.log(
+                lost,
+                "http2 connection lost connection=%s streams=%d reason=%s",
+                self.label,
+                len(self._responses),
+                reason,
+            )
+            self.said = True
         for response in self._responses.values():
             response._error = response._error or self._error
             response._wake()
@@ -284,12 +313,12 @@ class Connection:
                 await self._read_loop()
                 nursery.cancel_scope.cancel()
         except* (OSError, trio.BrokenResourceError, trio.ClosedResourceError) as lost:
-            self.close(f"connection lost: {_first(lost)}")
+            self.close(f"connection lost: {_first(lost)}", lost=logging.WARNING)
         except* h2.exceptions.ProtocolError as broken:
-            self.close(f"HTTP/2 protocol error: {_first(broken)!r}")
+            self.close(f"HTTP/2 protocol error: {_first(broken)!r}", lost=logging.WARNING)
         except* Exception as failed:  # a system task must not raise: it would end the agent
             log.error("http2 connection failed connection=%s", self.label, exc_info=failed)
-            self.close(f"failed: {_first(failed)!r}")
+            self.close(f"failed: {_first(failed)!r}", lost=logging.WARNING)
         finally:
             self.close("closed")
             with trio.CancelScope(shield=True), trio.move_on_after(1):
@@ -314,7 +343,7 @@ class Connection:
                 data = await self._stream.receive_some(READ_SIZE)
             if data is None:
                 if pinged is not None:
-                    self.close(f"no answer to a PING in {PING_TIMEOUT_S:g}s")
+                    self.close(f"no answer to a PING in {PING_TIMEOUT_S:g}s", lost=logging.WARNING)
                     return
                 if self._idle_expired():
                     log.debug("http2 connection idle, closing connection=%s", self.label)
@@ -326,7 +355,7 @@ class Connection:
                 pinged = trio.current_time()
                 continue
             if not data:
-                self.close("closed by the server")
+                self.close("closed by the server", lost=logging.WARNING)
                 return
             pinged = None
             for event in self._h2.receive_data(data):
@@ -361,7 +390,7 @@ class Connection:
         elif isinstance(event, h2.events.ConnectionTerminated):
             code = _error_name(event.error_code)
             log.debug("http2 GOAWAY connection=%s error=%s", self.label, code)
-            self.close(f"GOAWAY ({code})")
+            self.close(f"GOAWAY ({code})", lost=logging.INFO)
         elif isinstance(event, h2.events.RemoteSettingsChanged):
             self._settings.set()
         elif isinstance(event, h2.events.WindowUpdated):
@@ -389,6 +418,8 @@ class Pool:
         self._connect_timeout_s = connect_timeout_s
         self._connections: list[Connection] = []
         self._dialling: _Dial | None = None
+        self._reached: trio.Event | None = None
+        """Set once `_reach` has a connection; None while nobody waits for one."""
         self.connections_made = 0
 
     @property
@@ -409,7 +440,7 @@ class Pool:
                 dial = self._dialling
                 await dial.done.wait()
                 if dial.error:
-                    raise ConnectionLost(dial.error)
+                    raise (Unreachable if not self._connections else ConnectionLost)(dial.error)
                 continue
             if self._connections:  # all full: a new connection (Go's transport does the same)
                 log.debug(
@@ -419,11 +450,65 @@ class Pool:
                     len(self._connections),
                     self.streams(),
                 )
-            await self._dial()
+            try:
+                await self._dial()
+            except ConnectionLost as exc:
+                if not self._connections:
+                    raise Unreachable(str(exc)) from None
+                raise
+
+    async def wait_reachable(self) -> None:
+        """Until a connection to the server is open (now, or once one of `REACH_BACKOFF_S`'s
+        dials succeeds): the wait after an `Unreachable`, shared by every caller."""
+        while not self._connections:
+            if self._reached is None:
+                self._reached = trio.Event()
+                trio.lowlevel.spawn_system_task(
+                    self._reach, self._reached, name=f"http2 reach {self.host}:{self.port}"
+                )
+            await self._reached.wait()
 
     def close(self) -> None:
         for connection in list(self._connections):
             connection.close("closed by the client")
+
+    async def _reach(self, reached: trio.Event) -> None:
+        """Dial until a connection is open, with `REACH_BACKOFF_S`; then wake the waiters."""
+        first, most = REACH_BACKOFF_S
+        tries = 0
+        started = trio.current_time()
+        log.warning(
+            "API server unreachable, dialling until it answers server=%s:%d", self.host, self.port
+        )
+        try:
+            while not self._connections:
+                await trio.sleep(min(first * 2**tries, most) * random.uniform(0.5, 1.0))
+                tries += 1
+                if self._dialling is not None:  # a request's dial: the same answer for us
+                    await self._dialling.done.wait()
+                    continue
+                if not self._connections:
+                    try:
+                        await self._dial()
+                    except ConnectionLost as exc:
+                        log.debug(
+                            "http2 server unreachable server=%s:%d error=%s",
+                            self.host,
+                            self.port,
+                            exc,
+                        )
+                    except Exception:  # a system task must not raise: it would end the agent
+                        log.exception("http2 dial failed server=%s:%d", self.host, self.port)
+            log.info(
+                "API server reachable again server=%s:%d after=%.1fs dials=%d",
+                self.host,
+                self.port,
+                trio.current_time() - started,
+                tries,
+            )
+        finally:
+            self._reached = None
+            reached.set()
 
     async def _dial(self) -> None:
         dial = self._dialling = _Dial()

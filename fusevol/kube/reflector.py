@@ -15,13 +15,24 @@ client-go's reflector (and kopf's watch loop), as small stages:
    (client-go's relist after an expired watch); only if it cannot (410, or 504 "too large
    resource version": a cache behind) is the list read from etcd (resourceVersion unset), as
    every first list is. After an API server restart every watch gets its 410 at once: thousands
-   of relists, served from the new watch cache. The first time at once; a 410
+   of relists, served from the new watch cache. The 410's message says where the server's watch
+   cache of the resource starts ("too old resource version: 41 (57)": from 57 on); that horizon,
+   shared by the reflectors of one client, spares every other watch of that resource
+   from before it the request the server would refuse: it relists straight away, and so do
+   the watches queued in the client meanwhile (the client answers them the server's 410). A list
+   older than the horizon (another API server behind the same address, whose cache is behind)
+   drops it: a wrong horizon costs a list, never a loop. The first time at once; a 410
    again before the new watch delivered anything (a server whose watch cache is broken) waits
    the same backoff as (5), as client-go's reflector waits its backoff before every relist:
    never a tight list-watch loop against a sick server.
-5. Any other failure (connection refused or reset, a watch cut mid-event, a 5xx): wait with
-   exponential backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the
-   last resourceVersion, or relist if there is none. Nothing is dropped meanwhile: what was
+5. Any other failure (connection reset, a watch cut mid-event, a 5xx): wait with exponential
+   backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the last
+   resourceVersion, or relist if there is none. When no connection to the server could be made
+   at all (`ApiUnreachable`: it is away), the reflector waits instead for the client to reach it
+   again (one dialer for the whole agent, every 2 s at most), then resumes after a jitter of up
+   to half a second: the watches of an agent come back together within 2.5 s of the server's
+   return, whatever their own backoff had grown to, over the one new connection, never all at
+   the same instant. Nothing is dropped meanwhile: what was
    delivered stays delivered, so an API server that is away for minutes changes nothing on the
    node until it is back. A refusal (401, 403: the Node authorizer's "no relationship found
    between node ... and this object", a pod's RBAC) is such a failure too, with the same backoff
@@ -44,7 +55,14 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.kube.client import ApiError, ApiUnavailable
+from fusevol.kube.client import (
+    TOO_OLD,
+    ApiError,
+    ApiUnavailable,
+    ApiUnreachable,
+    behind_horizon,
+    learn_horizon,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -56,6 +74,10 @@ log = logging.getLogger(__name__)
 
 WATCH_TIMEOUT_S = (300, 600)
 """client-go's minWatchTimeout is 5 min, each watch asking for a random timeout up to twice that."""
+
+
+RESUME_JITTER_S = 0.5
+"""After the server is reachable again (5): each reflector resumes within this, at random."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +143,7 @@ class ReflectorStatistics:
     events: int = 0
     bookmarks: int = 0
     expired: int = 0
+    """410s, and the watches not asked for because the horizon said they would be one (4)."""
     failures: int = 0
     resource_version: str = ""
 
@@ -133,6 +156,7 @@ class Reflector:
         "_client",
         "_expiring",
         "_expiry_backoff",
+        "_horizon",
         "_on_event",
         "_on_replace",
         "_relist_from",
@@ -154,6 +178,8 @@ class Reflector:
         backoff: Backoff | None = None,
     ) -> None:
         self._client = client
+        self._horizon = client.horizon
+        """Where the server's watch caches start (4), shared by the client's reflectors."""
         self.query = query
         self._on_replace = on_replace
         self._on_event = on_event
@@ -178,12 +204,17 @@ class Reflector:
             try:
                 if not self._version:
                     self._version = await self._list()  # (1)
+                elif behind_horizon(self._horizon, self.query.kind, self._version):  # (4)
+                    await self._expired(None)
+                    continue
                 await self._watch()  # (2), (3)
             except ApiError as exc:
                 if exc.code == 410:  # (4)
                     await self._expired(exc)
                     continue
                 await self._failed(exc)  # (5)
+            except ApiUnreachable as exc:
+                await self._unreachable(exc)  # (5)
             except ApiUnavailable as exc:
                 await self._failed(exc)  # (5)
 
@@ -198,6 +229,8 @@ class Reflector:
             items, version = await self._list_from("")
         self.stats.lists += 1
         log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
+        if behind_horizon(self._horizon, self.query.kind, version):  # (4): not this server's
+            del self._horizon[self.query.kind]
         self.refused = ""
         await self._on_replace(items)
         self.synced.set()
@@ -248,16 +281,41 @@ class Reflector:
         finally:
             stream.close()
 
-    async def _expired(self, exc: ApiError) -> None:
+    async def _expired(self, exc: ApiError | None) -> None:
+        """(4) for a 410, or (`exc` None) for a watch the horizon says would get one."""
         self.stats.expired += 1
         self._relist_from, self._version = self._version, ""
         if not self._expiring:
             self._expiring = True
-            log.info("watch expired, relisting query=%s: %s", self.query, exc)
+            if exc is None:
+                log.debug("watch expired (horizon), relisting query=%s", self.query)
+            elif learn_horizon(self._horizon, self.query.kind, exc):
+                log.info(
+                    "the API server's watch cache starts later: watches of %ss from before it "
+                    "relist (query=%s: %s)",
+                    self.query.kind.value.lower(),
+                    self.query,
+                    exc,
+                )
+            else:
+                log.log(
+                    logging.DEBUG if TOO_OLD.search(str(exc)) else logging.INFO,
+                    "watch expired, relisting query=%s: %s",
+                    self.query,
+                    exc,
+                )
             return
         delay = self._expiry_backoff.next_delay()
         log.debug("watch expired again, relisting query=%s in=%.1fs: %s", self.query, delay, exc)
         await trio.sleep(delay)
+
+    async def _unreachable(self, exc: ApiUnreachable) -> None:
+        """(5) when nothing could be sent: until the client reaches the server again."""
+        self.stats.failures += 1
+        self._backoff.failures += 1
+        log.debug("API server unreachable query=%s error=%s", self.query, exc)
+        await self._client.wait_reachable()
+        await trio.sleep(random.uniform(0, RESUME_JITTER_S))
 
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
@@ -268,7 +326,8 @@ class Reflector:
             self.settled.set()
             level = logging.ERROR if first else logging.DEBUG
             log.log(level, "read refused query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
-        else:
-            level = logging.WARNING if first else logging.DEBUG
+        else:  # a connection lost under all its streams was said once, by the client
+            said = isinstance(exc, ApiUnavailable) and exc.said
+            level = logging.WARNING if first and not said else logging.DEBUG
             log.log(level, "watch failed query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
         await trio.sleep(delay)

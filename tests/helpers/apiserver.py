@@ -707,8 +707,9 @@ class ApiServer:
     async def _serve_watch(self, watch: _Watch) -> bool:
         """Stream events until the timeout, a cut, or the server goes away. True: end the
         stream cleanly (False: it is reset or gone)."""
-        assert self._server is not None
         server = self._server
+        if server is None:  # stopped while this request was read: gone with it
+            return False
         stream = watch.stream
         selector = _selector(watch.resource, watch.query)
         deadline = time.monotonic() + float(watch.query.get("timeoutSeconds") or 1800)

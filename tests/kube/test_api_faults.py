@@ -51,7 +51,7 @@ def test_a_sick_api_server_changes_nothing_served_and_the_agent_converges_after(
     api.create(configmap("app", {"a": "1"}))
     api.create(pod(volumes=[configmap_volume("config", "app")]))
     with kube_agent() as agent:
-        agent.expect_log("watch failed ")
+        agent.expect_log("watch failed ", "http2 connection lost ", "API server unreachable")
         key = agent.wait_mounted(agent.volume(UID, "configmap", "config")) / "a"
         assert key.read_text() == "1"
         agent.wait_state(UID, "config", "mounted")

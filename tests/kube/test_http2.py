@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from fusevol.kube import http2
-from fusevol.kube.http2 import ConnectionLost, Pool
+from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
 from tests.helpers.h2server import H2Server, certificates
 
 if TYPE_CHECKING:
@@ -113,6 +113,58 @@ async def test_requests_share_one_dial_and_its_failure() -> None:
     assert pool.connections_made == 1  # one refused dial for the 50 requests
 
 
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+async def test_the_callers_of_a_failed_dial_wait_together_for_the_servers_return(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """After `Unreachable`, `wait_reachable`: one task dials for every waiter, every 2 s at
+    most, and they all go on once a connection is open; one line when the server went away and
+    one when it is back, however many waited."""
+    caplog.set_level(logging.INFO, logger="fusevol.kube.http2")
+    port = free_port()
+    pool = pool_for(port)
+    with pytest.raises(Unreachable):
+        await pool.request(headers("/"))
+    reached: list[float] = []
+
+    async def waiter() -> None:
+        await pool.wait_reachable()
+        reached.append(trio.current_time())
+
+    server = H2Server(answer, port=port)
+    try:
+        async with trio.open_nursery() as nursery:
+            for _ in range(100):
+                nursery.start_soon(waiter)
+            await trio.sleep(3)  # away: the dials grow apart, to 2 s
+            assert (reached, pool.connections) == ([], 0)
+            dials_while_away = pool.connections_made - 1
+            back = trio.current_time()
+            await trio.to_thread.run_sync(server.start)
+        assert len(reached) == 100
+        assert max(reached) - back <= http2.REACH_BACKOFF_S[1] + 0.5
+        assert 3 <= dials_while_away <= 6  # 0.25 s doubling to 2 s, jittered: not a dial a waiter
+        assert pool.connections == 1
+        ok = await pool.request(headers("/"))  # on the connection the dialer made
+        assert await ok.read() == b"ok"
+        ok.close()
+        assert server.accepted == 1
+    finally:
+        pool.close()
+        server.stop()
+    lines = [(r.levelname, r.getMessage().split(" server=")[0]) for r in caplog.records]
+    assert lines == [
+        ("WARNING", "API server unreachable, dialling until it answers"),
+        ("INFO", "API server reachable again"),
+    ]
+    caplog.clear()
+
+
 async def _answer_headers(tcp: trio.SocketStream) -> None:
     """A server's side of h2c up to the first request answered: SETTINGS, then the response's
     headers (status 200, the stream left open)."""
@@ -129,7 +181,7 @@ async def _answer_headers(tcp: trio.SocketStream) -> None:
 
 
 async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
     monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
@@ -149,9 +201,13 @@ async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
             await response.receive()
         assert pool.connections == 0
         nursery.cancel_scope.cancel()
+    assert [r.getMessage().split(" reason=")[1] for r in caplog.records] == [
+        "no answer to a PING in 0.3s"
+    ]
+    caplog.clear()
 
 
-async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_and_quietly(
+async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_saying_it_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
 
@@ -166,7 +222,11 @@ async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_and_qu
         port = listeners[0].socket.getsockname()[1]
         pool = Pool(host="127.0.0.1", port=port, ssl_context=None)
         response = await pool.request(headers("/watch"))
-        with trio.fail_after(5), pytest.raises(ConnectionLost, match="connection lost"):
+        with trio.fail_after(5), pytest.raises(ConnectionLost, match="connection lost") as lost:
             await response.receive()
         nursery.cancel_scope.cancel()
-    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []
+    assert lost.value.said  # logged once for the connection: its streams need not say it
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1
+    assert warnings[0].startswith(f"http2 connection lost connection=127.0.0.1:{port}#1 streams=1")
+    caplog.clear()

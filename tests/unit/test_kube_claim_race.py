@@ -103,6 +103,7 @@ class ScriptedClient:
         as from the API server's watch cache."""
         self._lock = threading.RLock()
         self._version = 1
+        self.horizon: dict[Kind, int] = {}
 
     def put(self, kind: Kind, obj: Obj, event: str = "MODIFIED", *, send: bool = True) -> None:
         with self._lock:

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from fusevol.kube.client import ApiError, ApiUnavailable
-from fusevol.kube.reflector import Backoff, Query, Reflector
+from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable
+from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Query, Reflector
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -67,10 +67,16 @@ class ScriptedClient:
     streams: list[Stream] = field(default_factory=list)
     refuse_watches: int = 0
     """The next this many `open_watch` calls fail to connect."""
+    unreachable_watches: int = 0
+    """The next this many `open_watch` calls find no connection at all (the server is away)."""
+    reachable: trio.Event = field(default_factory=trio.Event)
+    """Set: `wait_reachable` returns (a connection to the server is open again)."""
+    waiting_for_reach: int = 0
     list_versions: list[str] = field(default_factory=list)
     """The `resource_version` of every list, in order."""
     too_large: bool = False
     """A list from a resourceVersion gets kube-apiserver's 504 "Too large resource version"."""
+    horizon: dict[Kind, int] = field(default_factory=dict)
 
     async def list(self, kind: Kind, **query: Any) -> tuple[list[Obj], str]:
         assert (kind, query["namespace"], query["field_selector"]) == (
@@ -89,9 +95,16 @@ class ScriptedClient:
         if self.refuse_watches:
             self.refuse_watches -= 1
             raise ApiUnavailable("connection refused")
+        if self.unreachable_watches:
+            self.unreachable_watches -= 1
+            raise ApiUnreachable("connection refused, and none open")
         stream = Stream(query["resource_version"])
         self.streams.append(stream)
         return stream
+
+    async def wait_reachable(self) -> None:
+        self.waiting_for_reach += 1
+        await self.reachable.wait()
 
 
 @dataclass
@@ -219,6 +232,85 @@ async def test_a_failed_watch_retries_from_its_version_warning_once(
     await mirror.watching(3)
     assert [r.levelno for r in caplog.records if r.levelno >= logging.WARNING] == [logging.WARNING]
     caplog.clear()
+
+
+def watch_with(client: ScriptedClient, calls: list[tuple[str, Any]]) -> Reflector:
+    async def on_replace(items: list[Obj]) -> None:
+        calls.append(("replace", [i["metadata"]["resourceVersion"] for i in items]))
+
+    async def on_event(kind: str, obj: Obj) -> None:
+        calls.append((kind, obj["metadata"]["resourceVersion"]))
+
+    return Reflector(
+        client=cast("KubeClient", client),
+        query=QUERY,
+        on_replace=on_replace,
+        on_event=on_event,
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
+    )
+
+
+async def test_a_410_naming_where_the_watch_cache_starts_spares_the_other_watches_from_before_it(
+    mirror: Mirror, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A restarted API server answers every resume 410; its message says from where it can
+    watch, so the reflectors of the same client resuming from before that relist at once."""
+    caplog.set_level(logging.DEBUG, logger="fusevol.kube.reflector")
+    first = await mirror.watching(1)
+    first.send("BOOKMARK", {"metadata": {"resourceVersion": "15"}})
+    await mirror.until(lambda: mirror.reflector.stats.resource_version == "15")
+    restarted = "too old resource version: 15 (30)"
+    mirror.client.items, mirror.client.version = [configmap("12")], "31"
+    first.send("ERROR", {"code": 410, "reason": "Expired", "message": restarted})
+    await mirror.watching(2)
+    assert mirror.client.horizon == {Kind.CONFIG_MAP: 30}
+    # Another reflector of the same client, whose last version is from before the restart.
+    behind, ahead = watch_with(mirror.client, []), watch_with(mirror.client, [])
+    behind._version = "20"
+    ahead._version = "30"  # the oldest the cache can watch from: asked
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(behind.run)
+        await mirror.watching(3)
+        nursery.start_soon(ahead.run)
+        await mirror.watching(4)
+        nursery.cancel_scope.cancel()
+    streams = mirror.client.streams
+    assert [s.resource_version for s in streams] == ["10", "31", "31", "30"]
+    assert mirror.client.list_versions == ["", "15", "20"]  # no watch asked from 20
+    assert (behind.stats.expired, behind.stats.watches, ahead.stats.expired) == (1, 1, 0)
+    # A list older than the horizon (another API server behind the same address): forgotten.
+    mirror.client.version = "25"
+    streams[1].send("ERROR", {"code": 410, "reason": "Expired", "message": "too old: 31 (29)"})
+    assert (await mirror.watching(5)).resource_version == "25"
+    assert mirror.client.horizon == {}
+    infos = [r.getMessage() for r in caplog.records if r.levelno == logging.INFO]
+    assert infos == [
+        "the API server's watch cache starts later: watches of configmaps from before it "
+        f"relist (query={QUERY}: Expired: {restarted})"
+    ]
+
+
+async def test_a_watch_that_finds_the_server_unreachable_resumes_once_it_is_reachable(
+    mirror: Mirror, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Not after its own backoff, grown while the server was away: when the client (one dialer
+    for every reflector) reaches the server again, within a jitter of up to half a second."""
+    first = await mirror.watching(1)
+    first.send("BOOKMARK", {"metadata": {"resourceVersion": "15"}})
+    await mirror.until(lambda: mirror.reflector.stats.resource_version == "15")
+    mirror.reflector._backoff = Backoff(initial_s=60, max_s=60)  # never reached in this test
+    mirror.client.unreachable_watches = 1
+    first.end()
+    await mirror.until(lambda: mirror.client.waiting_for_reach == 1)
+    await trio.sleep(0.05)
+    assert len(mirror.client.streams) == 1  # waits for the server, not for a timer
+    reached = trio.current_time()
+    mirror.client.reachable.set()
+    second = await mirror.watching(2)
+    assert trio.current_time() - reached <= RESUME_JITTER_S + 0.1
+    assert second.resource_version == "15"
+    assert (mirror.client.lists, mirror.reflector.stats.failures) == (1, 1)
+    assert [r for r in caplog.records if r.levelno >= logging.WARNING] == []  # the client says it
 
 
 async def test_cancelling_the_reflector_closes_its_watch() -> None:
