@@ -3,7 +3,7 @@ until every volume is mounted, edit latency, and a restart of the API server.
 
     flock /tmp/kit.lock .venv/bin/python bench/kube_scale.py --kubeconfig K \\
         [--pods 100,1000,3000] [--edits 100] [--baseline REV --baseline-pods 600] \\
-        [--restart-command 'CMD' --restart-pods 3000]      (root: mounts)
+        [--restart-command 'CMD' --restart-pods 3000] [--server-streams 250]   (root: mounts)
 
 Never against a cluster that matters: it creates the namespace `fusevol-bench` and deletes it at
 the end (`KUBE_SCALE_KEEP_LOGS=DIR` keeps the agent's logs there, `KUBE_SCALE_LOG_LEVEL` sets their
@@ -416,6 +416,12 @@ def main() -> None:
     parser.add_argument("--baseline-pods", type=int, default=600)
     parser.add_argument("--restart-command", help="kills the API server and restarts it")
     parser.add_argument("--restart-pods", type=int, default=0, help="default: the largest N")
+    parser.add_argument(
+        "--server-streams",
+        type=int,
+        default=SERVER_STREAMS,
+        help="the API server's --http2-max-streams-per-connection, for kubelet's connections",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         sys.exit("bench needs root: the agent mounts")
@@ -456,10 +462,12 @@ def main() -> None:
             print(rows[-1], flush=True)
     finally:
         cluster.delete_all()
-    report(rows, restarted, empty_rss)
+    report(rows, restarted, empty_rss, args.server_streams)
 
 
-def report(rows: list[Row], restarted: list[Restart], empty_rss: float) -> None:
+def report(
+    rows: list[Row], restarted: list[Restart], empty_rss: float, server_streams: int
+) -> None:
     print()
     print(f"agent on an empty node: RSS {empty_rss:.0f} MiB")
     head = (
@@ -478,7 +486,7 @@ def report(rows: list[Row], restarted: list[Restart], empty_rss: float) -> None:
     print(" | ".join(f"{h:>11}" for h in head))
     for row in rows:
         per_object = (row.rss_mib - empty_rss) * 1024 / row.objects
-        kubelet = math.ceil((row.objects + 1) / SERVER_STREAMS)
+        kubelet = math.ceil((row.objects + 1) / server_streams)
         cells = (
             row.label,
             row.pods,
@@ -495,7 +503,7 @@ def report(rows: list[Row], restarted: list[Restart], empty_rss: float) -> None:
         print(" | ".join(f"{c:>11}" for c in cells))
     print(
         "kubelet: an edit reaches its pods at its next sync, 60-120 s by default; at most 110 "
-        "pods a node; conns: client-go over the server's 250 streams a connection"
+        f"pods a node; conns: client-go over the server's {server_streams} streams a connection"
     )
     base = next((r for r in rows if r.label != "fusevol"), None)
     new = next((r for r in rows if base and r.label == "fusevol" and r.pods == base.pods), None)

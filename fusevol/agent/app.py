@@ -144,6 +144,7 @@ class Agent:
         )
         built = build_source(settings, self.store)
         self.source = built.source
+        self._api_statistics = built.api
         self._manifest_recorder = built.manifest_recorder
         self.provisioner = HostPathProvisioner(
             root=root, node_name=settings.node_name, store=self.store, recorder=built.recorder
@@ -357,7 +358,12 @@ class Agent:
         if self.settings.http.port >= 0:
             await nursery.start(self.http.run)
         nursery.start_soon(sdnotify.watchdog)
-        nursery.start_soon(collect_when_quiet, self.store)
+        api = self._api_statistics
+        nursery.start_soon(
+            functools.partial(
+                collect_when_quiet, self.store, activity=(lambda: api().requests) if api else int
+            )
+        )
         await nursery.start(self.source.run)  # (5)
         await nursery.start(self.reconciler.run)  # (6)
         if self.csi is not None:  # CSI node plugin: after the reconciler

@@ -225,6 +225,7 @@ class KubeClient:
             connections=self._pool.connections,
             connections_made=self._pool.connections_made,
             streams=self._pool.streams(),
+            requests=sum(pool.requests for pool in {self._pool, self._bearer_pool}),
         )
 
     def close(self) -> None:
@@ -445,6 +446,8 @@ class ClientStatistics:
     """Since the start, the open ones included."""
     streams: int
     """Requests and watches open now."""
+    requests: int = 0
+    """Since the start (watches included)."""
 
 
 class WatchStream:

@@ -421,6 +421,8 @@ class Pool:
         self._reached: trio.Event | None = None
         """Set once `_reach` has a connection; None while nobody waits for one."""
         self.connections_made = 0
+        self.requests = 0
+        """Requests asked of the pool since its start (sent or failed)."""
 
     @property
     def connections(self) -> int:
@@ -432,6 +434,7 @@ class Pool:
     async def request(self, headers: Sequence[Header], body: bytes | None = None) -> Response:
         """Send one request (`headers` with the pseudo-headers); its response once its headers
         have come. `ConnectionLost` if it could not be sent or answered."""
+        self.requests += 1
         while True:
             for connection in self._connections:
                 if connection.has_room():

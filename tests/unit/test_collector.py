@@ -3,6 +3,7 @@ quiet."""
 
 from __future__ import annotations
 
+import functools
 import gc
 from typing import TYPE_CHECKING
 
@@ -52,5 +53,36 @@ def test_full_collections_wait_for_quiet_and_are_not_automatic(
             assert 15.0 <= collections[0] <= 15.6
             nursery.cancel_scope.cancel()
         assert gc.get_threshold() == thresholds  # given back
+
+    trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
+
+
+def test_a_burst_of_api_requests_that_changes_nothing_also_defers_a_collection(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After an API server restart, thousands of relists find every object as it was: the store
+    stays quiet, the agent is not."""
+    collections: list[float] = []
+
+    def collect(*_: object) -> int:
+        collections.append(trio.current_time())
+        return 0
+
+    monkeypatch.setattr(gc, "collect", collect)
+    requests = [0]
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(
+                functools.partial(collect_when_quiet, ObjectStore(), activity=lambda: requests[0])
+            )
+            await trio.sleep(9.0)
+            for _ in range(30):  # requests every 0.2 s from 9 s to 15 s
+                requests[0] += 100
+                await trio.sleep(0.2)
+            await trio.sleep(1.0)
+            assert len(collections) == 1
+            assert 15.0 <= collections[0] <= 15.6
+            nursery.cancel_scope.cancel()
 
     trio.run(main, clock=trio.testing.MockClock(autojump_threshold=0))
