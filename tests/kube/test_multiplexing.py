@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.kube.client import ApiError, KubeClient
 from fusevol.model import Kind
@@ -97,6 +98,12 @@ def test_500_watched_objects_are_streams_of_as_few_connections_as_the_server_all
         connections = api.connections()
         stats = agent.live_statistics()["source"]["api"]
         agent_threads = threads(agent)
+        metrics = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(agent.http_get("/metrics")[1])
+            for sample in family.samples
+            if sample.name.startswith("fusevol_api_")
+        }
     print(
         f"max_streams={api.max_streams}: {watches} watches over {connections} connection(s), "
         f"at most {api.max_streams_seen} streams on one; agent threads {agent_threads}"
@@ -110,6 +117,9 @@ def test_500_watched_objects_are_streams_of_as_few_connections_as_the_server_all
         assert api.max_streams_seen == api.max_streams
     assert stats["connections_made"] == connections
     assert agent_threads <= MAX_THREADS
+    assert metrics["fusevol_api_connections"] == connections
+    assert metrics["fusevol_api_connections_made_total"] == connections
+    assert watches <= metrics["fusevol_api_streams"] <= watches + 64
 
 
 AWAY_S = 4.0
