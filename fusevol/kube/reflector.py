@@ -249,37 +249,38 @@ class Reflector:
 
     async def _watch(self) -> None:
         """Follow one watch stream, moving `_version` on with every event."""
-        version = self._version
         stream = await self._client.open_watch(
             self.query.kind,
             namespace=self.query.namespace,
             field_selector=self.query.field_selector,
-            resource_version=version,
+            resource_version=self._version,
             timeout_s=random.randrange(*WATCH_TIMEOUT_S),
             label_selector=self.query.label_selector,
         )
         self.stats.watches += 1
         try:
-            while True:
-                event = await stream.next_event()
-                if event is None:
-                    return  # (3)
-                kind, obj = event.get("type"), event.get("object") or {}
-                if kind == "ERROR":
-                    code = int(obj.get("code") or 0)
-                    raise ApiError(code, obj.get("reason", ""), obj.get("message", ""))
-                version = str(obj.get("metadata", {}).get("resourceVersion") or version)
-                self._version = self.stats.resource_version = version
-                self._backoff.reset()
-                self._expiring = False
-                self._expiry_backoff.reset()
-                if kind == "BOOKMARK":
-                    self.stats.bookmarks += 1
-                    continue
-                self.stats.events += 1
-                await self._on_event(str(kind), obj)
+            while (event := await stream.next_event()) is not None:  # None: (3)
+                await self._take(event)
+                del event  # not held while the next is awaited: for minutes, by thousands
         finally:
             stream.close()
+
+    async def _take(self, event: Obj) -> None:
+        """One event of the watch (2)."""
+        kind, obj = event.get("type"), event.get("object") or {}
+        if kind == "ERROR":
+            code = int(obj.get("code") or 0)
+            raise ApiError(code, obj.get("reason", ""), obj.get("message", ""))
+        version = str(obj.get("metadata", {}).get("resourceVersion") or self._version)
+        self._version = self.stats.resource_version = version
+        self._backoff.reset()
+        self._expiring = False
+        self._expiry_backoff.reset()
+        if kind == "BOOKMARK":
+            self.stats.bookmarks += 1
+            return
+        self.stats.events += 1
+        await self._on_event(str(kind), obj)
 
     async def _expired(self, exc: ApiError | None) -> None:
         """(4) for a 410, or (`exc` None) for a watch the horizon says would get one."""
