@@ -208,6 +208,7 @@ async def test_pods_starting_together_render_and_publish_their_shared_subtree_on
             nursery.start_soon(served.volumes.set_up, volume)
     assert (len(rendered), served.publisher.calls) == (1, 1)
     assert len({served.bound_source(v) for v in volumes}) == 1
+    assert served.volumes._locks == {}  # a subtree's lock lasts while held or awaited only
 
     served.edit("2")  # a pod set up now, before any refresh, renders and publishes the edit
     late = served.resolve(pod(201, CONFIG))

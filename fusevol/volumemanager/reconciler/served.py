@@ -57,7 +57,7 @@ from fusevol.node.layout import Plugin
 from fusevol.projection import configmap, downward, ownership, projected, secret
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Hashable, Iterable
+    from collections.abc import AsyncIterator, Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.fuse.publish import Publisher
@@ -123,7 +123,9 @@ class ServedVolumes:
         """Each shared subtree's inputs at its last publish: a user whose inputs are these is
         current already (`is_current`), however many pods share it."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
-        """One operation per subtree at a time: the executor serialises volumes, not subtrees."""
+        """One operation per subtree at a time: the executor serialises volumes, not subtrees.
+        Held only while some task holds or awaits it (`_holding`): thousands of subtrees, seldom
+        locked."""
         self._shared_by_object: dict[ObjectKey, set[bytes]] = {}
         """The shared subtrees built from each object (`to_refresh_first`)."""
         self._objects_of: dict[bytes, tuple[ObjectKey, ...]] = {}
@@ -221,7 +223,7 @@ class ServedVolumes:
             await self._bind(volume, self.path(volume))
             self._covered.setdefault(user, []).append(bound)
             return inputs
-        async with self._locks[name]:
+        async with self._holding(name):
             published = await self._publish(name, volume, payload, inputs)
         if published:
             keys = [*_referenced_objects(volume), volume.pod.key]
@@ -249,7 +251,7 @@ class ServedVolumes:
         """Make subtree `name` (created if needed) hold the volume's payload (`render()`, by
         default `self.render(volume)`), with `volume` among its users."""
         user = (volume.pod.uid, volume.spec_name)
-        async with self._locks[name]:
+        async with self._holding(name):
             # A shared subtree published from these very inputs (by another pod's volume, moments
             # ago when many pods start at once) holds what this volume would: nothing to render
             # or publish. Rendering only here, with the lock held, also keeps thousands of
@@ -282,8 +284,7 @@ class ServedVolumes:
         users.discard(user)
         if users:
             return
-        lock = self._locks[name]
-        async with lock:
+        async with self._holding(name):
             if not self._users.get(name):  # nobody came meanwhile
                 self._users.pop(name, None)
                 self._published.pop(name, None)
@@ -293,8 +294,19 @@ class ServedVolumes:
                     if not subtrees:
                         self._shared_by_object.pop(key, None)
                 await self._publisher.remove_volume(name)
-        if not lock.locked():  # else handed over to a waiting set-up
-            self._locks.pop(name, None)
+
+    @contextlib.asynccontextmanager
+    async def _holding(self, name: bytes) -> AsyncIterator[None]:
+        """Subtree `name`'s lock, made when first asked and dropped when released to nobody
+        (a waiting task is handed it: it stays). Nothing awaits between taking it from
+        `_locks` and acquiring it, so two locks of one name never exist."""
+        lock = self._locks[name]
+        try:
+            async with lock:
+                yield
+        finally:
+            if not lock.locked() and self._locks.get(name) is lock:
+                del self._locks[name]
 
     async def _publish(
         self, name: bytes, volume: VolumeToServe, payload: Payload, inputs: Hashable
