@@ -182,7 +182,7 @@ class Connection:
         self._idle_since = trio.current_time()
         self.streams_opened = 0
         self.said = False
-        """Its loss was logged (`close(lost=True)` with streams open)."""
+        """Its loss was logged (`close(lost=<level>)` with streams open)."""
 
     # -- for the pool ------------------------------------------------------------------------------
 
