@@ -5,23 +5,21 @@ from __future__ import annotations
 import errno
 from typing import TYPE_CHECKING
 
+import pytest
+
 from fusevol.mount.mount_helper import answer
 
 if TYPE_CHECKING:
     from pathlib import Path
 
 
-def test_a_bind_whose_source_is_missing_names_the_source(tmp_path: Path) -> None:
-    source, target = tmp_path / "gone", tmp_path / "target"
-    target.mkdir()
+@pytest.mark.parametrize("missing", ["source", "target"])
+def test_a_bind_whose_path_is_missing_names_that_path(tmp_path: Path, missing: str) -> None:
+    paths = {"source": tmp_path / "source", "target": tmp_path / "target"}
+    for name, path in paths.items():
+        if name != missing:
+            path.mkdir()
+    source, target = paths["source"], paths["target"]
     [(code, reason)] = answer([["bind", str(source), str(target), True, True, None, None]])
     assert code == errno.ENOENT
-    assert reason == f"No such file or directory ({source})"
-
-
-def test_a_bind_whose_target_is_missing_names_the_target(tmp_path: Path) -> None:
-    source, target = tmp_path / "source", tmp_path / "gone"
-    source.mkdir()
-    [(code, reason)] = answer([["bind", str(source), str(target), True, True, None, None]])
-    assert code == errno.ENOENT
-    assert reason == f"No such file or directory ({target})"
+    assert reason == f"No such file or directory ({paths[missing]})"

@@ -400,7 +400,11 @@ async def test_refresh_follows_object_versions(
     assert mounted.inputs == (CFG.source, None, None, version)
 
 
-def _pods_with_own_configmaps(count: int) -> tuple[list[ConfigMap], list[Pod]]:
+async def _serving_own_configmaps(
+    world: World, count: int
+) -> tuple[list[ConfigMap], list[UniqueVolumeName]]:
+    """`count` pods, each with a ConfigMap volume of its own, all mounted: the ConfigMaps, and
+    the pods' volume names in the same order."""
     maps = [
         ConfigMap(namespace="ns", name=f"cm{i}", resource_version=ResourceVersion("1"))
         for i in range(count)
@@ -415,7 +419,11 @@ def _pods_with_own_configmaps(count: int) -> tuple[list[ConfigMap], list[Pod]]:
         )
         for i in range(count)
     ]
-    return maps, pods
+    world.add(*maps, *pods)
+    await world.start()
+    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
+    names = [layout.unique_volume_name(Plugin.CONFIG_MAP, p.uid, VolumeName("cfg")) for p in pods]
+    return maps, names
 
 
 async def test_an_edit_asks_only_the_volumes_built_from_the_object(
@@ -425,12 +433,9 @@ async def test_an_edit_asks_only_the_volumes_built_from_the_object(
     from the edited object, not at every volume of the node; a full pass still comes at the
     resync interval."""
     count = 300
-    maps, pods = _pods_with_own_configmaps(count)
-    world.add(*maps, *pods)
-    await world.start()
-    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
+    maps, names = await _serving_own_configmaps(world, count)
     await trio.sleep(1)
-    edited = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[7].uid, VolumeName("cfg"))
+    edited = names[7]
     inputs, asked = world.volumes.inputs, list[UniqueVolumeName]()
 
     def inputs_noted(volume: VolumeToServe) -> Hashable:
@@ -456,11 +461,8 @@ async def test_a_failed_refresh_is_retried_once_due_while_other_edits_keep_comin
     refresh failed is still retried once its backoff is over, even when the retry fell due
     during a long pass and edits of other objects keep waking the reconciler."""
     count = 20
-    maps, pods = _pods_with_own_configmaps(count)
-    world.add(*maps, *pods)
-    await world.start()
-    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
-    failing = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[0].uid, VolumeName("cfg"))
+    maps, names = await _serving_own_configmaps(world, count)
+    failing = names[0]
     world.volumes.failing.add(failing)
     inputs = world.volumes.inputs
 
@@ -490,12 +492,8 @@ async def test_an_edit_during_a_pass_is_refreshed_before_the_pass_ends(
     whole pass. Here the edit comes when the pass is at the 200th of 300 volumes, and is of the
     first volume's ConfigMap, which this pass has gone past."""
     count = 300
-    maps, pods = _pods_with_own_configmaps(count)
-    world.add(*maps, *pods)
-    await world.start()
-    await wait_until(lambda: len(world.actual.mounted_volumes()) == count)
-    first = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[0].uid, VolumeName("cfg"))
-    edit_at = layout.unique_volume_name(Plugin.CONFIG_MAP, pods[200].uid, VolumeName("cfg"))
+    maps, names = await _serving_own_configmaps(world, count)
+    first, edit_at = names[0], names[200]
     edited = dataclasses.replace(maps[0], resource_version=ResourceVersion("2"))
 
     def to_refresh_first(changed: Iterable[ObjectKey]) -> list[VolumeToServe]:
