@@ -16,10 +16,9 @@ client-go's reflector (and kopf's watch loop), as small stages:
    resource version": a cache behind) is the list read from etcd (resourceVersion unset), as
    every first list is. After an API server restart every watch gets its 410 at once: thousands
    of relists, served from the new watch cache. The 410's message says where the server's watch
-   cache of the resource starts ("too old resource version: 41 (57)": from 57 on); that horizon,
-   shared by the reflectors of one client, spares every other watch of that resource
-   from before it the request the server would refuse: it relists straight away, and so do
-   the watches queued in the client meanwhile (the client answers them the server's 410). A list
+   cache of the resource starts ("too old resource version: 41 (57)": from 57 on); the client
+   keeps that horizon (`learn_horizon`) and answers every other watch of that resource from
+   before it the server's 410 itself, without a request, queued or not. A list
    older than the horizon (another API server behind the same address, whose cache is behind)
    drops it: a wrong horizon costs a list, never a loop. The first time at once; a 410
    again before the new watch delivered anything (a server whose watch cache is broken) waits
@@ -143,7 +142,7 @@ class ReflectorStatistics:
     events: int = 0
     bookmarks: int = 0
     expired: int = 0
-    """410s, and the watches not asked for because the horizon said they would be one (4)."""
+    """410s: the server's, and the client's for watches behind the horizon (4)."""
     failures: int = 0
     resource_version: str = ""
 
@@ -156,7 +155,6 @@ class Reflector:
         "_client",
         "_expiring",
         "_expiry_backoff",
-        "_horizon",
         "_on_event",
         "_on_replace",
         "_relist_from",
@@ -178,8 +176,6 @@ class Reflector:
         backoff: Backoff | None = None,
     ) -> None:
         self._client = client
-        self._horizon = client.horizon
-        """Where the server's watch caches start (4), shared by the client's reflectors."""
         self.query = query
         self._on_replace = on_replace
         self._on_event = on_event
@@ -204,9 +200,6 @@ class Reflector:
             try:
                 if not self._version:
                     self._version = await self._list()  # (1)
-                elif behind_horizon(self._horizon, self.query.kind, self._version):  # (4)
-                    await self._expired(None)
-                    continue
                 await self._watch()  # (2), (3)
             except ApiError as exc:
                 if exc.code == 410:  # (4)
@@ -229,8 +222,9 @@ class Reflector:
             items, version = await self._list_from("")
         self.stats.lists += 1
         log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
-        if behind_horizon(self._horizon, self.query.kind, version):  # (4): not this server's
-            del self._horizon[self.query.kind]
+        horizon = self._client.horizon
+        if behind_horizon(horizon, self.query.kind, version):  # (4): not this server's
+            del horizon[self.query.kind]
         self.refused = ""
         await self._on_replace(items)
         self.synced.set()
@@ -282,15 +276,12 @@ class Reflector:
         self.stats.events += 1
         await self._on_event(str(kind), obj)
 
-    async def _expired(self, exc: ApiError | None) -> None:
-        """(4) for a 410, or (`exc` None) for a watch the horizon says would get one."""
+    async def _expired(self, exc: ApiError) -> None:
         self.stats.expired += 1
         self._relist_from, self._version = self._version, ""
         if not self._expiring:
             self._expiring = True
-            if exc is None:
-                log.debug("watch expired (horizon), relisting query=%s", self.query)
-            elif learn_horizon(self._horizon, self.query.kind, exc):
+            if learn_horizon(self._client.horizon, self.query.kind, exc):
                 log.info(
                     "the API server's watch cache starts later: watches of %ss from before it "
                     "relist (query=%s: %s)",

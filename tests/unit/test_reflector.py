@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, cast
 import pytest
 import trio
 
-from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable
+from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable, behind_horizon
 from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Query, Reflector
 from fusevol.model import Kind
 
@@ -98,6 +98,9 @@ class ScriptedClient:
         if self.unreachable_watches:
             self.unreachable_watches -= 1
             raise ApiUnreachable("connection refused, and none open")
+        if behind_horizon(self.horizon, kind, query["resource_version"]):  # as KubeClient does
+            since, oldest = query["resource_version"], self.horizon[kind]
+            raise ApiError(410, "Expired", f"too old resource version: {since} ({oldest})")
         stream = Stream(query["resource_version"])
         self.streams.append(stream)
         return stream
