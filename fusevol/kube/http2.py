@@ -442,8 +442,8 @@ class Pool:
             if self._dialling is not None:
                 dial = self._dialling
                 await dial.done.wait()
-                if dial.error:
-                    raise (Unreachable if not self._connections else ConnectionLost)(dial.error)
+                if dial.error is not None:
+                    raise type(dial.error)(str(dial.error))  # the dialler's answer, for us too
                 continue
             if self._connections:  # all full: a new connection (Go's transport does the same)
                 log.debug(
@@ -453,12 +453,7 @@ class Pool:
                     len(self._connections),
                     self.streams(),
                 )
-            try:
-                await self._dial()
-            except ConnectionLost as exc:
-                if not self._connections:
-                    raise Unreachable(str(exc)) from None
-                raise
+            await self._dial()
 
     async def wait_reachable(self) -> None:
         """Until a connection to the server is open (now, or once one of `REACH_BACKOFF_S`'s
@@ -514,12 +509,13 @@ class Pool:
             reached.set()
 
     async def _dial(self) -> None:
+        """One more connection; `Unreachable` if it fails while none is open."""
         dial = self._dialling = _Dial()
         try:
             connection = await self._connect()
         except ConnectionLost as exc:
-            dial.error = str(exc)
-            raise
+            dial.error = (ConnectionLost if self._connections else Unreachable)(str(exc))
+            raise dial.error from None
         finally:
             self._dialling = None
             dial.done.set()
@@ -572,7 +568,7 @@ class _Dial:
 
     def __init__(self) -> None:
         self.done = trio.Event()
-        self.error = ""
+        self.error: ConnectionLost | None = None
 
 
 async def _close_quietly(stream: trio.abc.Stream | None) -> None:
