@@ -452,7 +452,8 @@ class ClientStatistics:
 
 class WatchStream:
     """One open watch: `next_event()` awaits the next event; `close()` (idempotent, never
-    blocks) ends it."""
+    blocks) ends it. A reader that holds no task while the watch is idle asks `ready()`, and
+    when it is not, `park(callback)`: `callback()` is called once it is."""
 
     __slots__ = ("_buffer", "_response")
 
@@ -482,6 +483,16 @@ class WatchStream:
                     raise ApiUnavailable("watch: the stream ended in the middle of an event")
                 return None
             self._buffer += data
+
+    def ready(self) -> bool:
+        """Whether `next_event()` has something to work on without waiting for the server: an
+        event, the end, an error, or data (that may still be the start of an event only)."""
+        return b"\n" in self._buffer or self._response.ready()
+
+    def park(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` (once, from the connection's task: it must not block) when
+        `ready()`; while it is not. Closing the stream drops it."""
+        self._response.park(callback)
 
     def close(self) -> None:
         self._response.close()

@@ -99,7 +99,7 @@ class Response:
 
     Thousands are open at once (a watch each), so each is small: no headers kept (nothing
     reads them), no buffer until data waits unread, and its reader parked directly on the
-    trio task, without an Event."""
+    trio task, without an Event, or not waiting at all: `park(callback)`."""
 
     __slots__ = ("_chunks", "_connection", "_ended", "_error", "_waiter", "id", "status")
 
@@ -111,7 +111,7 @@ class Response:
         """Data received and not yet read, with its flow-controlled length."""
         self._ended = False
         self._error = ""
-        self._waiter: trio.lowlevel.Task | None = None
+        self._waiter: trio.lowlevel.Task | Callable[[], None] | None = None
 
     async def receive(self) -> bytes:
         """The next data of the body; b"" at its end."""
@@ -131,8 +131,19 @@ class Response:
             parts.append(data)
         return b"".join(parts)
 
+    def ready(self) -> bool:
+        """Whether `receive()` would return (or raise) without waiting."""
+        return bool(self._chunks) or self._ended or bool(self._error)
+
+    def park(self, callback: Callable[[], None]) -> None:
+        """Call `callback()` once `ready()`, from the connection's task (it must not block),
+        instead of a task waiting in `receive()`; `close()` drops it."""
+        assert not self.ready(), "parked with something to read"
+        self._waiter = callback
+
     def close(self) -> None:
         chunks, self._chunks = self._chunks or (), None
+        self._waiter = None
         self._connection._close_stream(self, sum(flow for _, flow in chunks))
 
     def _received(self, data: bytes, flow: int) -> None:
@@ -151,9 +162,11 @@ class Response:
         return trio.lowlevel.Abort.SUCCEEDED
 
     def _wake(self) -> None:
-        if self._waiter is not None:
-            trio.lowlevel.reschedule(self._waiter)
-            self._waiter = None
+        waiter, self._waiter = self._waiter, None
+        if isinstance(waiter, trio.lowlevel.Task):
+            trio.lowlevel.reschedule(waiter)
+        elif waiter is not None:
+            waiter()
 
 
 class Connection:
@@ -250,10 +263,10 @@ class Connection:
                 reason,
             )
             self.said = True
-        for response in self._responses.values():
+        responses, self._responses = self._responses, {}  # a woken reader may close its own
+        for response in responses.values():
             response._error = response._error or self._error
             response._wake()
-        self._responses.clear()
         self._settings.set()
         self._window_wakeup.set()
         self._pool._forget(self)

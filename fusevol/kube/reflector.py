@@ -40,7 +40,10 @@ client-go's reflector (and kopf's watch loop), as small stages:
    refusal, so that nobody waits for an object the server will not give.
 
 The client's calls are awaited on the trio thread (each watch a stream of the client's one HTTP/2
-connection, no thread); a cancelled reflector closes its stream.
+connection, no thread); a cancelled reflector closes its stream. A reflector given `resume` holds
+no task while its watch waits for the server (thousands of watched objects are idle for hours,
+and a waiting task is 3-4 KB of frames, task and cancel status): `run()` returns instead
+(*parked*), and the stream calls `resume()` once it has something, to run it again.
 
 Excludes: what the items mean (the handlers), and conversion of objects.
 """
@@ -66,7 +69,7 @@ from fusevol.kube.client import (
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.client import KubeClient, Obj, WatchStream
     from fusevol.model import Kind
 
 log = logging.getLogger(__name__)
@@ -158,6 +161,8 @@ class Reflector:
         "_on_event",
         "_on_replace",
         "_relist_from",
+        "_resume",
+        "_stream",
         "_version",
         "query",
         "refused",
@@ -174,7 +179,11 @@ class Reflector:
         on_replace: Callable[[list[Obj]], Awaitable[None]],
         on_event: Callable[[str, Obj], Awaitable[None]],
         backoff: Backoff | None = None,
+        resume: Callable[[], None] | None = None,
     ) -> None:
+        """`resume`: parks the watch while it waits (module docstring); called from the
+        connection's task when the stream has something, it must call `run()` again in a task
+        and return at once."""
         self._client = client
         self.query = query
         self._on_replace = on_replace
@@ -193,14 +202,20 @@ class Reflector:
         """Where the next watch resumes; empty: list first."""
         self._relist_from = ""
         """The last resourceVersion of an expired watch: the next list is no older (4)."""
+        self._resume = resume
+        self._stream: WatchStream | None = None
+        """The open watch, between `run()`s while parked."""
 
     async def run(self) -> None:
-        """Steps 1-5 of the module docstring, until cancelled."""
+        """Steps 1-5 of the module docstring, until cancelled, or until parked (`resume`)."""
         while True:
             try:
-                if not self._version:
-                    self._version = await self._list()  # (1)
-                await self._watch()  # (2), (3)
+                if self._stream is None:
+                    if not self._version:
+                        self._version = await self._list()  # (1)
+                    self._stream = await self._open()  # (2)
+                if await self._follow():
+                    return  # parked
             except ApiError as exc:
                 if exc.code == 410:  # (4)
                     await self._expired(exc)
@@ -241,8 +256,13 @@ class Reflector:
             resource_version=resource_version,
         )
 
-    async def _watch(self) -> None:
-        """Follow one watch stream, moving `_version` on with every event."""
+    def close(self) -> None:
+        """Close the watch (a parked reflector's: it has no task to cancel). Idempotent."""
+        if (stream := self._stream) is not None:
+            self._stream = None
+            stream.close()
+
+    async def _open(self) -> WatchStream:
         stream = await self._client.open_watch(
             self.query.kind,
             namespace=self.query.namespace,
@@ -252,12 +272,30 @@ class Reflector:
             label_selector=self.query.label_selector,
         )
         self.stats.watches += 1
+        return stream
+
+    async def _follow(self) -> bool:
+        """Follow the open watch, moving `_version` on with every event, until it ends (3):
+        False; or until it waits for the server with `resume` given (parked), or an event's
+        handler closed it: True."""
+        stream = self._stream
+        assert stream is not None
         try:
-            while (event := await stream.next_event()) is not None:  # None: (3)
+            while self._stream is stream:
+                if self._resume is not None and not stream.ready():
+                    stream.park(self._resume)
+                    return True
+                if (event := await stream.next_event()) is None:  # (3)
+                    break
                 await self._take(event)
                 del event  # not held while the next is awaited: for minutes, by thousands
-        finally:
-            stream.close()
+            else:
+                return True
+        except BaseException:
+            self.close()
+            raise
+        self.close()
+        return False
 
     async def _take(self, event: Obj) -> None:
         """One event of the watch (2)."""

@@ -21,13 +21,15 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.kube.client import ApiError, KubeClient
-from fusevol.model import Kind
+from fusevol.model import ConfigMap, Kind, ObjectKey
+from fusevol.source.kube.objects import WatchedObjects
+from fusevol.volumemanager.cache.store import ObjectStore
 from tests.agent import wait_for
 from tests.helpers.apiserver import ApiServer, running_apiserver
 from tests.kube.conftest import configmap, configmap_volume, pod
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from tests.agent import AgentProcess
@@ -202,3 +204,51 @@ def test_watches_queued_behind_a_410_naming_the_horizon_are_not_sent(tmp_path: P
         assert [r for r in api.requests if r.watch] == []
         assert trio.run(watch_from, "101") == "watching"
         assert [r.query["resourceVersion"] for r in api.requests if r.watch] == ["101"]
+
+
+def test_an_idle_watch_holds_no_task_until_its_server_sends_something(tmp_path: Path) -> None:
+    """Thousands of watched objects are idle for hours: each is a stream and a few objects, not
+    a trio task waiting (its frames, task and cancel status were half of a watch's memory). An
+    event runs it again; a watch no longer wanted closes its stream, parked or not."""
+    watched = 60
+    keys = [ObjectKey(Kind.CONFIG_MAP, "default", f"cm-{i}") for i in range(watched)]
+    with running_apiserver() as api:
+        for key in keys:
+            api.create(configmap(key.name, {"a": "0"}))
+        client = KubeClient(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
+        store = ObjectStore()
+
+        def value(key: ObjectKey) -> bytes | None:
+            obj = store.get(key, ConfigMap)
+            return None if obj is None else obj.data["a"]
+
+        async def until(condition: Callable[[], bool]) -> None:
+            with trio.fail_after(10):
+                while not condition():
+                    await trio.sleep(0.01)
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                tracker = WatchedObjects(
+                    client=client,
+                    store=store,
+                    nursery=nursery,
+                    origin="test",
+                    on_claim=lambda: None,
+                )
+                tracker.set_wanted(set(keys))
+                await tracker.ensure(set(keys), timeout_s=10)
+                await until(lambda: len(api.open_watches("configmaps")) == watched)
+                await until(lambda: not nursery.child_tasks)
+
+                await trio.to_thread.run_sync(api.update, configmap("cm-7", {"a": "1"}))
+                await until(lambda: value(keys[7]) == b"1")
+                await until(lambda: not nursery.child_tasks)
+                assert [value(key) for key in keys].count(b"0") == watched - 1
+
+                tracker.set_wanted(set(keys[: watched // 2]))
+                await until(lambda: len(api.open_watches("configmaps")) == watched // 2)
+                assert value(keys[-1]) is None
+                nursery.cancel_scope.cancel()
+
+        trio.run(main)

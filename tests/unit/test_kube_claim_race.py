@@ -40,13 +40,16 @@ CLAIM = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, "default", "data")
 
 
 class Stream:
-    """One watch: events the test sends; `idle` once it waits for more (or is closed)."""
+    """One watch: events the test sends; `idle` once it waits for more (or is closed). Its
+    reader waits in `next_event`, or parks (`park`) as on the agent's HTTP/2 connection."""
 
     def __init__(self, kind: Kind, field_selector: str, label_selector: str) -> None:
         self.kind, self.field_selector, self.label_selector = kind, field_selector, label_selector
         self.events: queue.Queue[Obj | None] = queue.Queue()
         self.closed = False
         self.waiting = threading.Event()
+        self._lock = threading.Lock()
+        self._parked: tuple[trio.lowlevel.TrioToken, Callable[[], None]] | None = None
 
     def matches(self, kind: Kind, obj: Obj) -> bool:
         meta = obj["metadata"]
@@ -57,6 +60,15 @@ class Stream:
         key, _, value = self.label_selector.partition("=")
         return not key or (meta.get("labels") or {}).get(key) == value
 
+    def put(self, event: Obj | None) -> None:
+        """From any thread: a parked reader is called on the trio thread."""
+        with self._lock:
+            self.events.put(event)
+            parked, self._parked = self._parked, None
+        if parked is not None:
+            token, callback = parked
+            token.run_sync_soon(callback)
+
     async def next_event(self) -> Obj | None:
         if self.closed:
             return None
@@ -66,12 +78,25 @@ class Stream:
         finally:
             self.waiting.clear()
 
+    def ready(self) -> bool:
+        return self.closed or not self.events.empty()
+
+    def park(self, callback: Callable[[], None]) -> None:
+        token = trio.lowlevel.current_trio_token()
+        with self._lock:
+            if self.events.empty():
+                self._parked = (token, callback)
+                return
+        token.run_sync_soon(callback)
+
     def close(self) -> None:
         self.closed = True
+        self._parked = None
         self.events.put(None)
 
     def idle(self) -> bool:
-        return self.closed or (self.waiting.is_set() and self.events.empty())
+        waiting = self.waiting.is_set() or self._parked is not None
+        return self.closed or (waiting and self.events.empty())
 
 
 async def _nothing(pv: Obj) -> None:
@@ -124,7 +149,7 @@ class ScriptedClient:
             self.history.append((self._version, kind, event))
             for stream in self.streams:
                 if not stream.closed and stream.matches(kind, event["object"]):
-                    stream.events.put(copy.deepcopy(event))
+                    stream.put(copy.deepcopy(event))
 
     def expire(self, kind: Kind, name: str) -> None:
         """The object goes without a DELETED event reaching the watches (compacted away): its
@@ -135,7 +160,7 @@ class ScriptedClient:
             self.compacted = self._version
             for stream in self.streams:
                 if stream.kind is kind and stream.field_selector == f"metadata.name={name}":
-                    stream.events.put(GONE)
+                    stream.put(GONE)
 
     def opened(self, kind: Kind, field_selector: str) -> int:
         return sum(1 for s in self.streams if (s.kind, s.field_selector) == (kind, field_selector))
@@ -176,12 +201,12 @@ class ScriptedClient:
         stream = Stream(kind, query["field_selector"], query.get("label_selector", ""))
         with self._lock:
             if int(query["resource_version"]) < self.compacted:
-                stream.events.put(GONE)
+                stream.put(GONE)
             for version, event_kind, event in self.history:
                 if version > int(query["resource_version"]) and stream.matches(
                     event_kind, event["object"]
                 ):
-                    stream.events.put(copy.deepcopy(event))
+                    stream.put(copy.deepcopy(event))
             self.streams.append(stream)
         return stream
 

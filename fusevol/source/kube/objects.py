@@ -108,7 +108,7 @@ class WatchedObjects:
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._watches.keys() - keys:
-            self._watches.pop(key).scope.cancel()
+            self._watches.pop(key).stop()
             self._store.delete(key)
             log.debug("watch closed object=%s", key)
         for key in self._immutable - keys:
@@ -154,29 +154,51 @@ class WatchedObjects:
         """kubelet's watch-based manager stops watching what cannot change."""
         self._immutable.add(key)
         if (watch := self._watches.pop(key, None)) is not None:
-            watch.scope.cancel()
+            watch.stop()
             log.debug("immutable, watch closed object=%s", key)
 
 
 class _Watch:
-    """One object's list+watch (thousands of them: a few slots, no closures)."""
+    """One object's list+watch (thousands of them: a few slots, no closures). No task while its
+    watch waits for the server (the reflector parks; `resume` runs it again)."""
 
     __slots__ = ("key", "reflector", "scope", "tracker")
 
     def __init__(self, tracker: WatchedObjects, key: ObjectKey) -> None:
         self.tracker = tracker
         self.key = key
-        self.scope = trio.CancelScope()
+        self.scope: trio.CancelScope | None = None
+        """The running task's, None while parked."""
         self.reflector = Reflector(
             client=tracker._client_for(key),
             query=Query(key.kind, key.namespace or None, f"metadata.name={key.name}"),
             on_replace=self.on_replace,
             on_event=self.on_event,
+            resume=self.resume,
         )
 
     async def run(self) -> None:
-        with self.scope:
-            await self.reflector.run()
+        """The reflector's work, until it parks, or the watch is stopped."""
+        if self._wanted():
+            with trio.CancelScope() as self.scope:
+                await self.reflector.run()
+            self.scope = None
+        if not self._wanted():  # stopped before this task started, or while a watch opened
+            self.reflector.close()
+
+    def _wanted(self) -> bool:
+        return self.tracker._watches.get(self.key) is self
+
+    def resume(self) -> None:
+        try:
+            self.tracker._nursery.start_soon(self.run)
+        except RuntimeError:  # the nursery is closed: the agent stops
+            self.reflector.close()
+
+    def stop(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+        self.reflector.close()
 
     async def on_replace(self, items: list[Obj]) -> None:
         if items:
@@ -196,7 +218,6 @@ class _Watch:
             tracker._on_claim()
         if isinstance(obj, (ConfigMap, Secret)) and obj.immutable:
             tracker._immutable_seen(self.key)
-            self.scope.cancel()
 
 
 class FetchedObjects:
