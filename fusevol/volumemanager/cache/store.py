@@ -73,11 +73,12 @@ class ObjectStore:
 
     def upsert(self, obj: KubeObject) -> bool:
         """Store `obj`, replacing the object with the same key. False if it was already stored."""
-        if self._objects.get(obj.key) == obj:
+        key = obj.key  # one key object for the three tables (thousands of objects)
+        if self._objects.get(key) == obj:
             return False
-        self._objects[obj.key] = obj
-        self._changed_at[obj.key] = time.monotonic()
-        self._bump(obj.key)
+        self._objects[key] = obj
+        self._changed_at[key] = time.monotonic()
+        self._bump(key)
         return True
 
     def delete(self, key: ObjectKey) -> bool:
