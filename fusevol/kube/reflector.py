@@ -167,6 +167,7 @@ class Reflector:
         "query",
         "refused",
         "settled",
+        "started",
         "stats",
         "synced",
     )
@@ -195,6 +196,10 @@ class Reflector:
         self.synced = Flag()
         self.settled = Flag()
         """Set by the first list, or the first refusal (5)."""
+        self.started = Flag()
+        """Set once the reflector first parked (its list and watch done), failed (5) otherwise
+        than by finding no server at all, or was closed: what a caller starting reflectors a
+        few at a time waits for."""
         self.refused = ""
         """The server's message while it refuses the query (401, 403); "" otherwise."""
         self.stats = ReflectorStatistics()
@@ -258,6 +263,7 @@ class Reflector:
 
     def close(self) -> None:
         """Close the watch (a parked reflector's: it has no task to cancel). Idempotent."""
+        self.started.set()
         if (stream := self._stream) is not None:
             self._stream = None
             stream.close()
@@ -284,6 +290,7 @@ class Reflector:
             while self._stream is stream:
                 if self._resume is not None and not stream.ready():
                     stream.park(self._resume)
+                    self.started.set()
                     return True
                 if (event := await stream.next_event()) is None:  # (3)
                     break
@@ -349,6 +356,7 @@ class Reflector:
 
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
+        self.started.set()  # this object's own trouble, maybe: not the turn of others
         delay = self._backoff.next_delay()
         first = self._backoff.failures <= 1
         if isinstance(exc, ApiError) and exc.code in (401, 403):

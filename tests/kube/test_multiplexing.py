@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.kube.client import ApiError, KubeClient
 from fusevol.model import ConfigMap, Kind, ObjectKey
+from fusevol.source.kube import objects
 from fusevol.source.kube.objects import WatchedObjects
 from fusevol.volumemanager.cache.store import ObjectStore
 from tests.agent import wait_for
@@ -206,11 +207,15 @@ def test_watches_queued_behind_a_410_naming_the_horizon_are_not_sent(tmp_path: P
         assert [r.query["resourceVersion"] for r in api.requests if r.watch] == ["101"]
 
 
-def test_an_idle_watch_holds_no_task_until_its_server_sends_something(tmp_path: Path) -> None:
+def test_an_idle_watch_holds_no_task_until_its_server_sends_something(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Thousands of watched objects are idle for hours: each is a stream and a few objects, not
-    a trio task waiting (its frames, task and cancel status were half of a watch's memory). An
-    event runs it again; a watch no longer wanted closes its stream, parked or not."""
-    watched = 60
+    a trio task waiting (its frames, task and cancel status were half of a watch's memory), and
+    they start a few at a time, not as thousands of tasks queued on the client at once. An event
+    runs a watch again; a watch no longer wanted closes its stream, parked or not."""
+    watched, at_once = 60, 4
+    monkeypatch.setattr(objects, "STARTS_AT_ONCE", at_once)
     keys = [ObjectKey(Kind.CONFIG_MAP, "default", f"cm-{i}") for i in range(watched)]
     with running_apiserver() as api:
         for key in keys:
@@ -227,8 +232,16 @@ def test_an_idle_watch_holds_no_task_until_its_server_sends_something(tmp_path: 
                 while not condition():
                     await trio.sleep(0.01)
 
+        most_tasks = 0
+
+        async def count_tasks(nursery: trio.Nursery) -> None:
+            nonlocal most_tasks
+            while True:
+                most_tasks = max(most_tasks, len(nursery.child_tasks))
+                await trio.sleep(0)
+
         async def main() -> None:
-            async with trio.open_nursery() as nursery:
+            async with trio.open_nursery() as outer, trio.open_nursery() as nursery:
                 tracker = WatchedObjects(
                     client=client,
                     store=store,
@@ -237,9 +250,11 @@ def test_an_idle_watch_holds_no_task_until_its_server_sends_something(tmp_path: 
                     on_claim=lambda: None,
                 )
                 tracker.set_wanted(set(keys))
+                outer.start_soon(count_tasks, nursery)
                 await tracker.ensure(set(keys), timeout_s=10)
                 await until(lambda: len(api.open_watches("configmaps")) == watched)
                 await until(lambda: not nursery.child_tasks)
+                assert 0 < most_tasks <= 2 * at_once  # a starter, and the watch it starts
 
                 await trio.to_thread.run_sync(api.update, configmap("cm-7", {"a": "1"}))
                 await until(lambda: value(keys[7]) == b"1")
@@ -249,6 +264,6 @@ def test_an_idle_watch_holds_no_task_until_its_server_sends_something(tmp_path: 
                 tracker.set_wanted(set(keys[: watched // 2]))
                 await until(lambda: len(api.open_watches("configmaps")) == watched // 2)
                 assert value(keys[-1]) is None
-                nursery.cancel_scope.cancel()
+                outer.cancel_scope.cancel()
 
         trio.run(main)

@@ -335,3 +335,24 @@ async def test_cancelling_the_reflector_closes_its_watch() -> None:
                 await trio.sleep(0.001)
         nursery.cancel_scope.cancel()
     assert client.streams[0].closed
+
+
+async def test_a_start_is_over_at_a_failure_of_its_own_not_while_no_server_answers() -> None:
+    """`started` lets a caller start watches a few at a time: a watch that finds no server at all
+    keeps its turn (every other would find none either); one that fails otherwise (refused, a
+    5xx, an undecodable object: maybe its own trouble) gives it up."""
+    client = ScriptedClient(items=[configmap("10")], unreachable_watches=1)
+    reflector = watch_with(client, [])
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reflector.run)
+        with trio.fail_after(5):
+            while not client.waiting_for_reach:
+                await trio.sleep(0.001)
+        assert reflector.settled.is_set()  # listed
+        assert not reflector.started.is_set()
+        client.refuse_watches = 1
+        client.reachable.set()
+        with trio.fail_after(5):
+            await reflector.started.wait()
+        assert (reflector.stats.failures, client.streams) == (2, [])
+        nursery.cancel_scope.cancel()

@@ -27,6 +27,7 @@ Excludes: which objects are referenced (`source`), and the list/watch mechanics 
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import time
@@ -53,6 +54,11 @@ log = logging.getLogger(__name__)
 
 FETCHES_IN_FLIGHT = 32
 """GETs of the Cache and Get strategies at once: a sync of thousands of objects is a queue."""
+STARTS_AT_ONCE = 64
+"""Watches starting (their list, then their watch) at once, as many as the client's requests in
+flight; the others wait their turn in a queue. 6000 started at once were 6000 tasks waiting on
+the client, and Python's heap keeps such a peak: what is freed after it lies scattered among what
+stays (12 MiB of the agent's RSS at 3000 pods)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +111,8 @@ class WatchedObjects:
         self._origin = origin
         self._watches: dict[ObjectKey, _Watch] = {}
         self._immutable: set[ObjectKey] = set()
+        self._to_start: collections.deque[_Watch] = collections.deque()
+        self._starters = 0
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._watches.keys() - keys:
@@ -147,8 +155,22 @@ class WatchedObjects:
     def _start(self, key: ObjectKey) -> None:
         watch = _Watch(self, key)
         self._watches[key] = watch
-        self._nursery.start_soon(watch.run)
+        self._to_start.append(watch)
+        if self._starters < STARTS_AT_ONCE:
+            self._starters += 1
+            self._nursery.start_soon(self._starter)
         log.debug("watch opened object=%s", key)
+
+    async def _starter(self) -> None:
+        """Start the queued watches one after the other (`STARTS_AT_ONCE` starters at most)."""
+        try:
+            while self._to_start:
+                watch = self._to_start.popleft()
+                if watch.wanted():
+                    self._nursery.start_soon(watch.run)
+                    await watch.reflector.started.wait()
+        finally:
+            self._starters -= 1
 
     def _immutable_seen(self, key: ObjectKey) -> None:
         """kubelet's watch-based manager stops watching what cannot change."""
@@ -179,14 +201,14 @@ class _Watch:
 
     async def run(self) -> None:
         """The reflector's work, until it parks, or the watch is stopped."""
-        if self._wanted():
+        if self.wanted():
             with trio.CancelScope() as self.scope:
                 await self.reflector.run()
             self.scope = None
-        if not self._wanted():  # stopped before this task started, or while a watch opened
+        if not self.wanted():  # stopped before this task started, or while a watch opened
             self.reflector.close()
 
-    def _wanted(self) -> bool:
+    def wanted(self) -> bool:
         return self.tracker._watches.get(self.key) is self
 
     def resume(self) -> None:
