@@ -77,7 +77,7 @@ class ObjectTracker(Protocol):
 
     async def ensure(self, keys: set[ObjectKey], *, timeout_s: float) -> None:
         """A pod referencing `keys` was added or updated: return once they are in the store (or
-        known to be absent), or after `timeout_s`."""
+        known to be absent), or after `timeout_s` in which no read of an object ended."""
 
     async def sync(self) -> None:
         """The periodic sync (Cache and Get refetch; Watch has nothing to do)."""

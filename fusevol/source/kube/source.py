@@ -101,7 +101,8 @@ log = logging.getLogger(__name__)
 
 REFERENCE_TIMEOUT_S = 5.0
 """How long a new pod waits for the first copy of its objects before it is delivered anyway (its
-volumes then fail and are retried, like under an API server that does not answer)."""
+volumes then fail and are retried, like under an API server that does not answer); watched
+objects, which start a few at a time, count it from the last watch that started."""
 POD_AUDIENCE = ""
 """The audience of the pod token a CSI volume is read with (`read_as_pod`): the API server's own
 (a CSIDriver `tokenRequests` entry `{audience: ""}`)."""
