@@ -2,8 +2,8 @@
 
 client-go's reflector (and kopf's watch loop), as small stages:
 
-1. LIST (with the query's field selector) -> `on_replace(items)`, the complete current state;
-   `synced` is set after the first one.
+1. LIST (with the query's field selector) -> `on_replace(items)`, the complete current state
+   (the list is the handler's: it may empty it once read); `synced` is set after the first one.
 2. WATCH from the list's resourceVersion, bookmarks requested. Each ADDED/MODIFIED/DELETED event
    goes to `on_event`; every event, BOOKMARK included, moves the resourceVersion on, so that a
    reconnect resumes where the stream stopped and does not need a relist.

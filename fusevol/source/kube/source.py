@@ -345,6 +345,7 @@ class KubeSource:
                 listed[pod.key] = pod
             else:
                 kept.add(_key_of(raw))
+        items.clear()  # freed now, not after the delivery's wait for thousands of objects
         await self._deliver(list(listed.values()), removed=self._pods.keys() - listed.keys() - kept)
 
     async def _pod_event(self, kind: str, raw: Obj) -> None:
