@@ -5,7 +5,8 @@ docs/kubelet.md fact 7):
 - `WatchedObjects` (Watch, the default): one list+watch per referenced object (fieldSelector
   `metadata.name=<name>`), opened when the first pod references it and closed after the last; an
   object seen `immutable: true` is not watched any more (it cannot change; it stays in the store).
-  An edit reaches the store as soon as the API server sends its watch event.
+  An edit reaches the store as soon as the API server sends its watch event. Watches start
+  `STARTS_AT_ONCE` at a time, the others queued; an idle one holds no task (the reflector parks).
 - `FetchedObjects` (Cache and Get): a GET per object when a pod that references it is added or
   updated (for Cache this invalidates the cached copy, as kubelet's `AddReference` does), and at
   every sync period either for each object whose copy is older than the TTL (Cache, a cachetools
