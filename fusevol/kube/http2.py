@@ -143,7 +143,8 @@ class Response:
 
     def close(self) -> None:
         chunks, self._chunks = self._chunks or (), None
-        self._waiter = None
+        if not isinstance(self._waiter, trio.lowlevel.Task):
+            self._waiter = None  # a parked reader's callback (a waiting task is cancelled)
         self._connection._close_stream(self, sum(flow for _, flow in chunks))
 
     def _received(self, data: bytes, flow: int) -> None:
