@@ -115,12 +115,12 @@ class Response:
 
     async def receive(self) -> bytes:
         """The next data of the body; b"" at its end."""
-        while not self._chunks:
+        while not self.ready():
+            await self._wait()
+        if not self._chunks:
             if self._error:
                 raise ConnectionLost(self._error, said=self._connection.said)
-            if self._ended:
-                return b""
-            await self._wait()
+            return b""  # ended
         data, flow = self._chunks.pop(0)
         self._connection._consumed(self.id, flow)
         return data
