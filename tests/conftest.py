@@ -7,6 +7,7 @@
   An agent run as a process is checked the same way (`_check_agent_logs`, tests/agent.py).
 - `manifests` and `agent`: the one agent harness (tests/agent.py) on the one pod set
   (tests/manifests.py). A module that needs other objects adds files to `manifests`.
+- `watch`: inotify watchers on a volume (tests/inotify.py), stopped whatever the test's outcome.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from typing import TYPE_CHECKING
 import pytest
 
 from tests.agent import HAS_FUSE, STARTED, AgentProcess, fail_on_unexpected_log_lines, running_agent
+from tests.inotify import Watcher
 from tests.manifests import POD_UID, write_pod_set
 
 if TYPE_CHECKING:
-    from collections.abc import Generator, Iterator
+    from collections.abc import Callable, Generator, Iterator
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -85,3 +87,17 @@ def agent(manifests: Path, tmp_path: Path) -> Iterator[AgentProcess]:
         running.wait_state(POD_UID, "creds", "mounted")
         yield running
         running.stop()
+
+
+@pytest.fixture
+def watch() -> Iterator[Callable[[Path], Watcher]]:
+    """Start `inotifywait` watchers, all stopped when the test ends, whatever its outcome."""
+    watchers: list[Watcher] = []
+
+    def start(directory: Path) -> Watcher:
+        watchers.append(Watcher(directory))
+        return watchers[-1]
+
+    yield start
+    for watcher in watchers:
+        watcher.stop()

@@ -12,11 +12,12 @@ import pytest
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import AgentProcess, running_agent, wait_for, write_atomically
-from tests.fuse.test_updates import Watcher
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
+
+    from tests.inotify import Watcher
 
 FS_GROUP = 2000
 UID = {
@@ -182,12 +183,14 @@ def test_fs_group_members_read_and_outsiders_do_not(
     assert int(result.stdout) == expected
 
 
-def test_label_edit_updates_downward_files_atomically(agent: AgentProcess) -> None:
+def test_label_edit_updates_downward_files_atomically(
+    agent: AgentProcess, watch: Callable[[Path], Watcher]
+) -> None:
     volume = agent.volume(UID["plain"], "downward-api", "info")
-    watcher = Watcher(volume)
+    watcher = watch(volume)
     write_atomically(agent.manifests / "plain.yaml", pod("plain", labels="{app: web, tier: back}"))
     wait_for(lambda: (volume / "labels").read_bytes() == b'app="web"\ntier="back"')
-    events = watcher.events()
+    events = watcher.events_until("MOVED_TO ..data")
     assert "CREATE ..data_tmp" in events
     assert "MOVED_TO ..data" in events
     projected = agent.volume(UID["plain"], "projected", "all-in-one")

@@ -15,29 +15,10 @@ from tests.agent import AgentProcess, mounts_below, wait_for, write_atomically
 from tests.manifests import POD_UID, configmap, pod
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
-
-class Watcher:
-    """`inotifywait -m` on a directory, as configmap-reload and friends do."""
-
-    def __init__(self, directory: Path) -> None:
-        self.process = subprocess.Popen(
-            ["inotifywait", "-m", "--format", "%e %f", str(directory)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stderr is not None
-        for line in self.process.stderr:
-            if "Watches established" in line:
-                break
-
-    def events(self) -> list[str]:
-        self.process.terminate()
-        out, _ = self.process.communicate(timeout=5)
-        return out.splitlines()
+    from tests.inotify import Watcher
 
 
 @pytest.fixture
@@ -51,11 +32,11 @@ def bind_of(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_edit_is_visible_with_kubelets_events(
-    agent: AgentProcess, manifests: Path, bind_of: Path
+    agent: AgentProcess, manifests: Path, bind_of: Path, watch: Callable[[Path], Watcher]
 ) -> None:
     volume = agent.volume(POD_UID, "configmap", "config")
     subprocess.run(["mount", "--bind", str(volume), str(bind_of)], check=True)
-    watchers = [Watcher(volume), Watcher(bind_of)]
+    watchers = [watch(volume), watch(bind_of)]
     old_target = (volume / "..data").readlink()
 
     write_atomically(manifests / "configmap.yaml", configmap(a="2", b="2"))
@@ -63,7 +44,7 @@ def test_edit_is_visible_with_kubelets_events(
     wait_for(lambda: (volume / "a").read_text() == "2")
     assert (bind_of / "b").read_text() == "2"
     for watcher in watchers:
-        events = watcher.events()
+        events = watcher.events_until("MOVED_TO ..data")
         assert "CREATE,ISDIR " + str((volume / "..data").readlink()) in events
         assert "CREATE ..data_tmp" in events
         assert "MOVED_FROM ..data_tmp" in events
