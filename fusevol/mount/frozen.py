@@ -16,7 +16,9 @@ All from mountinfo, never a `stat` (a bind of a connection nobody answers would 
   copy it reads: the same device and root in the file system, frozen unless a later mount covers
   it at the same place (an rslave copy received the fresh bind). The container's pod is read from
   its cgroup (kubelet's `pod<uid>`) where it can be, since volumes with the same content share
-  one subtree, hence one root.
+  one subtree, hence one root. A namespace that shows the stale bind where the node does, below
+  the pods directories, holds a private copy of the node's mount table (a build tool's, an
+  `unshare -m` shell), not a container's view: a container sees its volumes at its own paths.
 An agent that sees no other mount namespace (in a pod without the host's PID namespace) cannot
 count the containers: it then reports every stale bind on the node as possibly frozen.
 """
@@ -89,6 +91,7 @@ def find(mountpoint: str, below: list[str], *, proc: str = "/proc") -> list[Froz
                 for mp in mounts
                 if mp.fstype == layout.FUSE_FSTYPE and mp.device != serving
                 if (mp.mount_id, mp.path) not in covered  # else an rslave copy got the new bind
+                if not mp.path.startswith(prefixes)  # else a copy of the node's table
             }:
                 read_in.setdefault(key, []).append(pod)
     frozen = []

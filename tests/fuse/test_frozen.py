@@ -19,8 +19,19 @@ from tests.manifests import POD_UID
 if TYPE_CHECKING:
     from pathlib import Path
 
-HOLD = "import sys, time; open(sys.argv[1] + '/ready', 'w').close(); time.sleep(3600)"
-"""A container: a process in a private mount namespace with its copy of the volume's bind."""
+HOLD = """
+import os, subprocess, sys, time
+flag, volumes = sys.argv[1], sys.argv[2:]
+for volume in volumes:
+    seen_at = os.path.join(flag, os.path.basename(volume))
+    os.mkdir(seen_at)
+    subprocess.run(["mount", "--bind", volume, seen_at], check=True)
+open(os.path.join(flag, "ready"), "w").close()
+time.sleep(3600)
+"""
+"""A container: a process in a private mount namespace (`unshare --mount --propagation private`,
+as runc's) that reads its volumes at paths of its own (`<flag>/<volume>`), through copies of their
+binds made before the agent died."""
 
 
 def frozen_gauge(agent: AgentProcess) -> dict[tuple[str, str, str], float]:
@@ -42,9 +53,9 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
     volume = first.volume(POD_UID, "configmap", "config")
     flag = tmp_path / "flag"
     flag.mkdir()
-    container = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD, str(flag)]
-    )
+    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
+    volumes = [volume, first.volume(POD_UID, "secret", "creds")]
+    container = subprocess.Popen([*argv, str(flag), *map(str, volumes)])
     try:
         wait_for((flag / "ready").exists)
         # kill -9 of `fusevol run` and its agent, outside systemd and with no holder: nothing
@@ -55,7 +66,7 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
         with running_agent(manifests, root, expect_log=(expected,)) as agent:
             agent.wait_state(POD_UID, "config", "mounted")
             wait_for(lambda: agent.snapshot().get("frozen_volumes"), timeout_s=10)
-            # The "container" holds a copy of every mount of the node: both of the pod's volumes.
+            # The container reads both of the pod's volumes through copies of the old binds.
             entries = {e["volume"]: e for e in agent.snapshot()["frozen_volumes"]}
             assert sorted(entries) == ["config", "creds"]
             entry = entries["config"]
@@ -94,7 +105,7 @@ def test_with_the_api_source_the_pod_gets_a_warning_event(tmp_path: Path) -> Non
         flag = tmp_path / "flag"
         flag.mkdir()
         argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
-        container = subprocess.Popen([*argv, str(flag)])
+        container = subprocess.Popen([*argv, str(flag), str(volume)])
         try:
             wait_for((flag / "ready").exists)
             first.kill_all()

@@ -92,6 +92,16 @@ def test_containers_reading_a_stale_bind_are_counted_by_their_pod(tmp_path: Path
     ]
 
 
+def test_a_private_copy_of_the_nodes_table_is_no_container(tmp_path: Path) -> None:
+    """A build tool's or an `unshare -m` shell's namespace, copied from the node's before the
+    restart and private since: it shows the stale binds where the node does, and reads none."""
+    node(tmp_path, NODE_MOUNTS)
+    process(tmp_path, "500", "4026532009", NODE_MOUNTS[:3] + NODE_MOUNTS[4:])
+    found = frozen.find(MOUNTPOINT, BELOW, proc=str(tmp_path))
+    assert found is not None
+    assert [(f.volume, f.containers) for f in found] == [("config", 0), ("creds", 0)]
+
+
 def test_without_other_namespaces_every_stale_bind_may_be_frozen(tmp_path: Path) -> None:
     """An agent in a pod of its own PID namespace sees no container: it cannot count them."""
     node(tmp_path, NODE_MOUNTS)
