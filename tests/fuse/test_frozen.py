@@ -56,8 +56,12 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
     argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
     volumes = [volume, first.volume(POD_UID, "secret", "creds")]
     container = subprocess.Popen([*argv, str(flag), *map(str, volumes)])
+    # A build tool's namespace (buildah's): a private copy of the node's table, reading nothing.
+    (builder_flag := tmp_path / "builder").mkdir()
+    builder = subprocess.Popen([*argv, str(builder_flag)])
     try:
         wait_for((flag / "ready").exists)
+        wait_for((builder_flag / "ready").exists)
         # kill -9 of `fusevol run` and its agent, outside systemd and with no holder: nothing
         # keeps the connection, the next agent mounts a new one and stacks its binds.
         first.kill_all()
@@ -88,8 +92,9 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
             assert frozen_gauge(agent) == {}
             agent.stop()
     finally:
-        container.kill()
-        container.wait(timeout=10)
+        for process in (container, builder):
+            process.kill()
+            process.wait(timeout=10)
 
 
 def test_with_the_api_source_the_pod_gets_a_warning_event(tmp_path: Path) -> None:
