@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.errors import VolumeSetupError
+from fusevol.base.multimap import SetMultimap
 from fusevol.fuse.publish import VolumeDir
 from fusevol.model import (
     ConfigMap,
@@ -114,7 +115,7 @@ class ServedVolumes:
         self._publisher = publisher
         self._backend = backend
         self._allocatable = allocatable
-        self._users: dict[bytes, set[tuple[PodUID, str]]] = {}
+        self._users: SetMultimap[bytes, tuple[PodUID, str]] = SetMultimap()
         """Each subtree's users, (pod uid, volume directory name): it goes with the last one."""
         self._subtree_of: dict[tuple[PodUID, str], bytes] = {}
         self._covered: dict[tuple[PodUID, str], list[bytes]] = {}
@@ -126,7 +127,7 @@ class ServedVolumes:
         """One operation per subtree at a time: the executor serialises volumes, not subtrees.
         Held only while some task holds or awaits it (`_holding`): thousands of subtrees, seldom
         locked."""
-        self._shared_by_object: dict[ObjectKey, set[bytes]] = {}
+        self._shared_by_object: SetMultimap[ObjectKey, bytes] = SetMultimap()
         """The shared subtrees built from each object (`to_refresh_first`)."""
         self._objects_of: dict[bytes, tuple[ObjectKey, ...]] = {}
         self._facts: dict[tuple[PodUID, str], _Facts] = {}
@@ -167,8 +168,8 @@ class ServedVolumes:
         """For each shared subtree built from a `changed` object, one of its users (as the last
         pass saw it): refreshing it publishes the change to every pod of the subtree."""
         volumes = []
-        for name in {n for key in changed for n in self._shared_by_object.get(key, ())}:
-            for user in self._users.get(name, ()):
+        for name in {n for key in changed for n in self._shared_by_object.get(key)}:
+            for user in self._users.get(name):
                 facts = self._facts.get(user)
                 if facts is not None:
                     volumes.append(facts.volume)
@@ -259,12 +260,12 @@ class ServedVolumes:
             if self._published.get(name, _NOTHING) != inputs:
                 payload = self.render(volume) if render is None else render()
                 await self._publish(name, volume, payload, inputs)
-            self._users.setdefault(name, set()).add(user)
+            self._users.add(name, user)
             self._subtree_of[user] = name
             if name.startswith(SHARED) and name not in self._objects_of:
                 self._objects_of[name] = objects = self._facts_of(volume).objects
                 for key in objects:
-                    self._shared_by_object.setdefault(key, set()).add(name)
+                    self._shared_by_object.add(key, name)
 
     async def _bind(
         self, volume: VolumeToServe, target: Path, *, make_target: int | None = None
@@ -280,19 +281,14 @@ class ServedVolumes:
         """`user` no longer uses subtree `name`: remove it if it was the last one."""
         if self._subtree_of.get(user) == name:
             del self._subtree_of[user]
-        users = self._users.get(name, set())
-        users.discard(user)
-        if users:
+        self._users.discard(name, user)
+        if name in self._users:
             return
         async with self._holding(name):
-            if not self._users.get(name):  # nobody came meanwhile
-                self._users.pop(name, None)
+            if name not in self._users:  # nobody came meanwhile
                 self._published.pop(name, None)
                 for key in self._objects_of.pop(name, ()):
-                    subtrees = self._shared_by_object.get(key, set())
-                    subtrees.discard(name)
-                    if not subtrees:
-                        self._shared_by_object.pop(key, None)
+                    self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
 
     @contextlib.asynccontextmanager
