@@ -276,7 +276,7 @@ class CsiNode:
                     plugin,
                     pod.uid,
                     publication.volume.name,
-                    publication.target,
+                    str(publication.target),
                     inputs=None,
                     state=MountState.UNCERTAIN,
                 )

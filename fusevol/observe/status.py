@@ -228,7 +228,7 @@ class StatusReporter:
             "name": volume_name,
             "unique_name": name,
             "state": state,
-            "path": str(mounted.path) if mounted else None,
+            "path": mounted.path if mounted else None,
             "updated_at": mounted.updated_at if mounted else None,
             "last_error": error or None,
             "next_retry_in_s": None if retry_in is None else round(retry_in, 3),

@@ -3,8 +3,6 @@ volumes come and go (a pod's tear-down asks after each of its volumes)."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import trio
 import trio.testing
 
@@ -19,7 +17,7 @@ def volume(name: str, pod: str) -> MountedVolume:
         plugin=Plugin.CONFIG_MAP,
         pod_uid=PodUID(pod),
         spec_name=name,
-        path=Path("/pods") / pod / name,
+        path=f"/pods/{pod}/{name}",
         inputs=(),
     )
 

@@ -16,6 +16,7 @@ import dataclasses
 import errno
 import logging
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import pytest
@@ -49,7 +50,6 @@ from fusevol.volumemanager.reconciler.volumes import Volumes
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable, Iterable
-    from pathlib import Path
 
     from fusevol.fuse.publish import Publisher
     from fusevol.model import KubeObject, ObjectKey
@@ -136,7 +136,7 @@ class FakeVolumes:
             volume.plugin,
             volume.pod.uid,
             volume.volume.name,
-            path,
+            str(path),
             self.inputs(volume),
         )
 
@@ -148,7 +148,7 @@ class FakeVolumes:
     async def tear_down(self, mounted: MountedVolume) -> None:
         self._record("tear_down", mounted.name)
         with contextlib.suppress(FileNotFoundError):
-            mounted.path.rmdir()
+            Path(mounted.path).rmdir()
 
     async def remove_pod_dir(self, uid: PodUID) -> None:
         self.removed_pod_dirs.append(uid)
@@ -226,7 +226,7 @@ class World:
         """An ActualState entry as reconstruct or an earlier set-up would have left it."""
         path = layout.volume_dir(self.root, pod.uid, Plugin.CONFIG_MAP, CFG.name)
         name = layout.unique_volume_name(Plugin.CONFIG_MAP, pod.uid, CFG.name)
-        return MountedVolume(name, Plugin.CONFIG_MAP, pod.uid, CFG.name, path, inputs, state)
+        return MountedVolume(name, Plugin.CONFIG_MAP, pod.uid, CFG.name, str(path), inputs, state)
 
     async def start(self) -> None:
         await self.nursery.start(self.executor.run)
@@ -326,7 +326,9 @@ async def test_pod_added_gets_its_volume_set_up_at_once(
     mounted = world.actual.get(A_CFG)
     assert mounted is not None
     assert mounted.inputs == (CFG.source, None, None, "1")
-    assert mounted.path == layout.volume_dir(world.root, POD_A.uid, Plugin.CONFIG_MAP, CFG.name)
+    assert mounted.path == str(
+        layout.volume_dir(world.root, POD_A.uid, Plugin.CONFIG_MAP, CFG.name)
+    )
 
 
 async def test_pod_removed_gets_its_volume_torn_down(

@@ -72,7 +72,7 @@ def reconstruct(root: Path) -> list[MountedVolume]:
                                 plugin,
                                 uid,
                                 volume_dir.name,
-                                volume_dir,
+                                str(volume_dir),
                                 inputs=None,
                                 state=MountState.UNCERTAIN,
                             )

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from fusevol.base.errors import VolumeSetupError
@@ -25,7 +26,6 @@ from fusevol.volumemanager.reconciler.subpaths import SubpathViews
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Hashable, Iterable
-    from pathlib import Path
 
     from fusevol.fuse.publish import Publisher
     from fusevol.model import ObjectKey, PodUID
@@ -110,11 +110,11 @@ class Volumes:
         plugin = _require_plugin(volume)
         if plugin.served_from_memory:
             inputs = await self.served.set_up(volume)
-            path = self.served.path(volume)
+            path = str(self.served.path(volume))
             await self.views.set_up(volume)
         else:
             inputs = self.inputs(volume)
-            path = await self.mounted.set_up(volume)
+            path = str(await self.mounted.set_up(volume))
         return MountedVolume(
             volume.name,
             plugin,
@@ -136,9 +136,9 @@ class Volumes:
     async def tear_down(self, mounted: MountedVolume) -> None:
         if mounted.plugin.served_from_memory:
             await self.views.tear_down(mounted.pod_uid, mounted.spec_name)
-            await self.served.tear_down(mounted.pod_uid, mounted.spec_name, mounted.path)
+            await self.served.tear_down(mounted.pod_uid, mounted.spec_name, Path(mounted.path))
         else:
-            await self.mounted.tear_down(mounted.plugin, mounted.path)
+            await self.mounted.tear_down(mounted.plugin, Path(mounted.path))
 
     async def remove_pod_dir(self, uid: PodUID) -> None:
         """Remove the pod's directory once none of its volumes is left on the node (directories
