@@ -147,14 +147,18 @@ class Tree:
 
     # -- building new, unattached nodes ------------------------------------------------------------
 
-    def new_dir(self, *, mode: int, uid: int = 0, gid: int = 0) -> Node:
-        return self._new(stat.S_IFDIR | mode, uid, gid, children={})
+    def new_dir(
+        self, *, mode: int, uid: int = 0, gid: int = 0, mtime_ns: int | None = None
+    ) -> Node:
+        return self._new(stat.S_IFDIR | mode, uid, gid, mtime_ns, children={})
 
-    def new_file(self, data: bytes, *, mode: int, uid: int = 0, gid: int = 0) -> Node:
-        return self._new(stat.S_IFREG | mode, uid, gid, data=data)
+    def new_file(
+        self, data: bytes, *, mode: int, uid: int = 0, gid: int = 0, mtime_ns: int | None = None
+    ) -> Node:
+        return self._new(stat.S_IFREG | mode, uid, gid, mtime_ns, data=data)
 
     def new_symlink(self, target: bytes, *, gid: int = 0) -> Node:
-        return self._new(stat.S_IFLNK | 0o777, 0, gid, target=target)
+        return self._new(stat.S_IFLNK | 0o777, 0, gid, None, target=target)
 
     def build_version(
         self, payload: Payload, *, dir_mode: int = 0o755, gid: int | None = None
@@ -176,13 +180,13 @@ class Tree:
                 assert parent.children is not None
                 child = parent.children.get(name)
                 if child is None:
-                    child = self.new_dir(mode=dir_mode, gid=group)
-                    child.mtime_ns = created
+                    child = self.new_dir(mode=dir_mode, gid=group, mtime_ns=created)
                     _link(parent, name, child)
                 parent = child
             uid = 0 if projection.fs_user is None else projection.fs_user
-            node = self.new_file(projection.data, mode=projection.mode, uid=uid, gid=group)
-            node.mtime_ns = created
+            node = self.new_file(
+                projection.data, mode=projection.mode, uid=uid, gid=group, mtime_ns=created
+            )
             _link(parent, base, node)
         return top
 
@@ -317,9 +321,11 @@ class Tree:
 
     # -- internals ---------------------------------------------------------------------------------
 
-    def _new(self, mode: int, uid: int, gid: int, **fields: object) -> Node:
+    def _new(self, mode: int, uid: int, gid: int, mtime_ns: int | None, **fields: object) -> Node:
+        """A node numbered next, made at `mtime_ns` (now, if None)."""
         mode = _MODES.setdefault(mode, mode)
-        node = Node(self._next_inode, mode, uid, gid, self._clock_ns(), **fields)  # type: ignore[arg-type]
+        mtime_ns = self._clock_ns() if mtime_ns is None else mtime_ns
+        node = Node(self._next_inode, mode, uid, gid, mtime_ns, **fields)  # type: ignore[arg-type]
         self._next_inode += 1
         return node
 
