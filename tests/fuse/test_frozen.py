@@ -32,6 +32,8 @@ time.sleep(3600)
 """A container: a process in a private mount namespace (`unshare --mount --propagation private`,
 as runc's) that reads its volumes at paths of its own (`<flag>/<volume>`), through copies of their
 binds made before the agent died."""
+CONTAINER = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
+"""`CONTAINER + [flag, *volumes]` runs one."""
 
 
 def frozen_gauge(agent: AgentProcess) -> dict[tuple[str, str, str], float]:
@@ -53,12 +55,11 @@ def test_a_container_left_on_a_dead_connection_is_named_until_it_goes(
     volume = first.volume(POD_UID, "configmap", "config")
     flag = tmp_path / "flag"
     flag.mkdir()
-    argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
     volumes = [volume, first.volume(POD_UID, "secret", "creds")]
-    container = subprocess.Popen([*argv, str(flag), *map(str, volumes)])
+    container = subprocess.Popen([*CONTAINER, str(flag), *map(str, volumes)])
     # A build tool's namespace (buildah's): a private copy of the node's table, reading nothing.
     (builder_flag := tmp_path / "builder").mkdir()
-    builder = subprocess.Popen([*argv, str(builder_flag)])
+    builder = subprocess.Popen([*CONTAINER, str(builder_flag)])
     try:
         wait_for((flag / "ready").exists)
         wait_for((builder_flag / "ready").exists)
@@ -109,8 +110,7 @@ def test_with_the_api_source_the_pod_gets_a_warning_event(tmp_path: Path) -> Non
         volume = first.wait_mounted(first.volume(UID, "configmap", "config"))
         flag = tmp_path / "flag"
         flag.mkdir()
-        argv = ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", HOLD]
-        container = subprocess.Popen([*argv, str(flag), str(volume)])
+        container = subprocess.Popen([*CONTAINER, str(flag), str(volume)])
         try:
             wait_for((flag / "ready").exists)
             first.kill_all()
