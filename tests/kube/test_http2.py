@@ -165,9 +165,9 @@ async def test_the_callers_of_a_failed_dial_wait_together_for_the_servers_return
     caplog.clear()
 
 
-async def _answer_headers(tcp: trio.SocketStream) -> None:
+async def _answer_headers(tcp: trio.SocketStream) -> h2.connection.H2Connection:
     """A server's side of h2c up to the first request answered: SETTINGS, then the response's
-    headers (status 200, the stream left open)."""
+    headers (status 200, the stream left open); the server's state, to go on with."""
     server = h2.connection.H2Connection(h2.config.H2Configuration(client_side=False))
     server.initiate_connection()
     await tcp.send_all(server.data_to_send())
@@ -178,6 +178,7 @@ async def _answer_headers(tcp: trio.SocketStream) -> None:
                 server.send_headers(event.stream_id, [(":status", "200")])
                 answered = True
         await tcp.send_all(server.data_to_send())
+    return server
 
 
 async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
@@ -207,6 +208,40 @@ async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
     caplog.clear()
 
 
+async def test_a_quiet_connection_whose_peer_answers_its_pings_stays_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
+    monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
+    pings = 0
+
+    async def answers_pings_then_data(tcp: trio.SocketStream) -> None:
+        """h2c: the response's headers, 1.5 s of nothing but PING answers, then its body."""
+        nonlocal pings
+        server = await _answer_headers(tcp)
+        with trio.move_on_after(1.5):
+            while data := await tcp.receive_some(65536):
+                events = server.receive_data(data)
+                pings += sum(isinstance(e, h2.events.PingReceived) for e in events)
+                await tcp.send_all(server.data_to_send())  # h2 acknowledges a PING itself
+        server.send_data(1, b"late", end_stream=True)
+        await tcp.send_all(server.data_to_send())
+        await trio.sleep_forever()
+
+    async with trio.open_nursery() as nursery:
+        listeners = await nursery.start(trio.serve_tcp, answers_pings_then_data, 0)
+        port = listeners[0].socket.getsockname()[1]
+        pool = Pool(host="127.0.0.1", port=port, ssl_context=None)
+        response = await pool.request(headers("/watch"))
+        with trio.fail_after(5):
+            assert await response.read() == b"late"
+        response.close()
+        assert pool.connections == 1
+        assert 3 <= pings <= 8  # one each READ_IDLE_S of silence, answered at once
+        pool.close()
+        nursery.cancel_scope.cancel()
+
+
 async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_saying_it_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -230,3 +265,33 @@ async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_saying
     assert len(warnings) == 1
     assert warnings[0].startswith(f"http2 connection lost connection=127.0.0.1:{port}#1 streams=1")
     caplog.clear()
+
+
+def test_headers_that_repeat_are_sent_once_per_connection() -> None:
+    """A service account's token (a kilobyte) goes whole in the first request only, then as an
+    index into HPACK's table, which the paths of thousands of requests do not push it out of;
+    what the server decodes is what was sent."""
+    client = http2.new_state()
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    token = b"Bearer " + b"t0k3n." * 170
+    sizes, received = [], []
+    for n in range(90):  # the paths of 25 would fill the table
+        sent = [*headers(f"/api/v1/namespaces/ns/configmaps?fieldSelector=metadata.name%3Dcm-{n}")]
+        sent.append((b"authorization", token))
+        client.send_headers(client.get_next_available_stream_id(), http2.outbound(sent))
+        frames = client.data_to_send()
+        sizes.append(len(frames))
+        (event,) = (
+            e for e in server.receive_data(frames) if isinstance(e, h2.events.RequestReceived)
+        )
+        received.append([(bytes(k), bytes(v)) for k, v in event.headers])
+        assert received[-1] == sent
+    assert sizes[0] > len(token)
+    assert max(sizes[1:]) < 150, sizes
