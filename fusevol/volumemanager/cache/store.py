@@ -16,6 +16,7 @@ All calls happen on the trio thread; there are no locks.
 
 from __future__ import annotations
 
+import collections
 import itertools
 import time
 from dataclasses import dataclass
@@ -135,10 +136,11 @@ class ObjectStore:
         await self._changes.wait_changed(since)
 
     def statistics(self) -> StoreStatistics:
-        counts: dict[str, int] = {}
-        for key in self._objects:
-            counts[key.kind.value] = counts.get(key.kind.value, 0) + 1
-        return StoreStatistics(counts, self._changes.value, self.synced)
+        # By member, named once per kind: an enum's `.value` is a property, slow on 9000 keys
+        # (3000 pods), read at every scrape of /metrics.
+        counts = collections.Counter(key.kind for key in self._objects)
+        by_kind = {kind.value: n for kind, n in counts.items()}
+        return StoreStatistics(by_kind, self._changes.value, self.synced)
 
     def changed_since(self, generation: int) -> tuple[ObjectKey, ...]:
         """The keys of the objects added or changed after `generation` (and not deleted since),
