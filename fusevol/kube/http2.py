@@ -393,9 +393,8 @@ class Connection:
         pinged: float | None = None
         read_at = trio.current_time()
         while not self._closed:
-            # One cancel scope for all the reads until the deadline, not one a read (a scope was
-            # a tenth of a request's time): the deadline is checked against the last read when it
-            # comes.
+            # One cancel scope for all the reads until the deadline, not one a read (thousands
+            # a second while watches relist): when it comes, it is checked against the last read.
             deadline = read_at + READ_IDLE_S if pinged is None else pinged + PING_TIMEOUT_S
             with trio.CancelScope(deadline=deadline):
                 while not self._closed:

@@ -269,7 +269,7 @@ async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_saying
 
 def test_headers_that_repeat_are_sent_once_per_connection() -> None:
     """A service account's token (a kilobyte) goes whole in the first request only, then as an
-    index into HPACK's table, which the paths of thousands of requests do not push it out of;
+    index into HPACK's table, which the paths of the requests after it do not push it out of;
     what the server decodes is what was sent."""
     client = http2.new_state()
     server = h2.connection.H2Connection(
