@@ -402,10 +402,15 @@ class Connection:
                     if not data:
                         self.close("closed by the server", lost=logging.WARNING)
                         return
-                    read_at, pinged = trio.current_time(), None
+                    read_at = trio.current_time()
                     for event in self._h2.receive_data(data):
                         self._dispatch(event)
                     self._wake_writer()
+                    if pinged is not None:
+                        break  # whatever came answers the PING: READ_IDLE_S again
+            if pinged is not None and read_at > pinged:
+                pinged = None
+                continue
             if self._closed or trio.current_time() - read_at < READ_IDLE_S:
                 continue  # read since the deadline was set
             if pinged is not None:

@@ -242,6 +242,31 @@ async def test_a_quiet_connection_whose_peer_answers_its_pings_stays_open(
         nursery.cancel_scope.cancel()
 
 
+async def test_a_connection_without_streams_is_closed_once_idle(
+    monkeypatch: pytest.MonkeyPatch, server: H2Server
+) -> None:
+    """Its PINGs answered, a connection without a stream lasts IDLE_CONNECTION_S, then goes;
+    the next request makes a new one."""
+    monkeypatch.setattr(http2, "READ_IDLE_S", 0.1)
+    monkeypatch.setattr(http2, "IDLE_CONNECTION_S", 0.5)
+    pool = pool_for(server.port)
+    try:
+        ok = await pool.request(headers("/"))
+        assert await ok.read() == b"ok"
+        ok.close()
+        await trio.sleep(0.3)
+        assert pool.connections == 1  # answering PINGs, not idle long enough
+        with trio.fail_after(5):
+            while pool.connections:
+                await trio.sleep(0.05)
+        again = await pool.request(headers("/"))
+        assert await again.read() == b"ok"
+        again.close()
+        assert server.accepted == 2
+    finally:
+        pool.close()
+
+
 async def test_a_connection_reset_by_the_peer_fails_its_streams_retryably_saying_it_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
