@@ -29,6 +29,7 @@ import h2.events
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusevol.kube import http2
+from tests.helpers.h2server import paired_with
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -81,14 +82,7 @@ def per_request_us(
     requests: int,
     token: bytes,
 ) -> float:
-    server = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=False, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.initiate_connection()
-    server.receive_data(client.data_to_send())
-    client.receive_data(server.data_to_send())
-    server.receive_data(client.data_to_send())
+    server = paired_with(client)
     spent = 0.0
     for n in range(requests):
         headers = request(n, token)

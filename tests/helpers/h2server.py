@@ -51,6 +51,20 @@ DEFAULT_MAX_STREAMS = 250
 unset)."""
 
 
+def paired_with(client: h2.connection.H2Connection) -> h2.connection.H2Connection:
+    """A server's state machine for `client`'s, their prefaces and SETTINGS exchanged in memory
+    (no socket): what is sent on either is handed to the other by the caller."""
+    server = h2.connection.H2Connection(
+        h2.config.H2Configuration(client_side=False, header_encoding=None)
+    )
+    client.initiate_connection()
+    server.initiate_connection()
+    server.receive_data(client.data_to_send())
+    client.receive_data(server.data_to_send())
+    server.receive_data(client.data_to_send())
+    return server
+
+
 @dataclass(frozen=True)
 class Certificates:
     directory: Path

@@ -24,7 +24,7 @@ import trio
 
 from fusevol.kube import http2
 from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
-from tests.helpers.h2server import H2Server, certificates
+from tests.helpers.h2server import H2Server, certificates, paired_with
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -297,14 +297,7 @@ def test_headers_that_repeat_are_sent_once_per_connection() -> None:
     index into HPACK's table, which the paths of the requests after it do not push it out of;
     what the server decodes is what was sent."""
     client = http2.new_state()
-    server = h2.connection.H2Connection(
-        h2.config.H2Configuration(client_side=False, header_encoding=None)
-    )
-    client.initiate_connection()
-    server.initiate_connection()
-    server.receive_data(client.data_to_send())
-    client.receive_data(server.data_to_send())
-    server.receive_data(client.data_to_send())
+    server = paired_with(client)
     token = b"Bearer " + b"t0k3n." * 170
     sizes, received = [], []
     for n in range(90):  # the paths of 25 would fill the table
