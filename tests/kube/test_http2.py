@@ -311,5 +311,5 @@ def test_headers_that_repeat_are_sent_once_per_connection() -> None:
             e for e in server.receive_data(frames) if isinstance(e, h2.events.RequestReceived)
         )
         assert [(bytes(k), bytes(v)) for k, v in event.headers] == sent
-    assert sizes[0] > len(token)
+    assert sizes[0] > len(token) // 2  # the token whole, Huffman-coded or not
     assert max(sizes[1:]) < 150, sizes
