@@ -67,7 +67,7 @@ def convert(document: Mapping[object, object], *, origin: str, where: str) -> Ku
     label = str(kind).lower()
     unnamed = Reader(origin, f"{where} ({label})")
     metadata = unnamed.mapping(document.get("metadata"), "metadata")
-    name = unnamed.string(metadata.get("name"), "metadata.name", required=True)
+    name = unnamed.term(metadata.get("name"), "metadata.name", required=True)
     if kind in ("PersistentVolume", "StorageClass"):  # cluster-scoped
         r = Reader(origin, f"{label} {name}")
         r.dns_name(name, "metadata.name", subdomain=True)
@@ -76,7 +76,7 @@ def convert(document: Mapping[object, object], *, origin: str, where: str) -> Ku
         if kind == "StorageClass":
             return _storage_class(r, document=document, header=header)
         return _persistent_volume(r, document=document, header=header)
-    namespace = unnamed.string(metadata.get("namespace"), "metadata.namespace") or "default"
+    namespace = unnamed.term(metadata.get("namespace"), "metadata.namespace") or "default"
     r = Reader(origin, f"{label} {namespace}/{name}")
     r.dns_name(name, "metadata.name", subdomain=True)
     r.dns_name(namespace, "metadata.namespace", subdomain=False)
@@ -263,7 +263,7 @@ def _secret(r: Reader, *, document: Mapping[object, object], header: _Header) ->
     return model.Secret(
         *header.identity,
         data=data,
-        type=r.string(document.get("type"), "type") or "Opaque",
+        type=r.term(document.get("type"), "type") or "Opaque",
         immutable=r.boolean(document.get("immutable"), "immutable"),
     )
 
@@ -282,8 +282,8 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         namespace=header.namespace,
         name=header.name,
         resource_version=header.resource_version,
-        node_name=r.string(spec.get("nodeName"), "spec.nodeName"),
-        labels=r.string_map(metadata.get("labels"), "metadata.labels"),
+        node_name=r.term(spec.get("nodeName"), "spec.nodeName"),
+        labels=r.string_map(metadata.get("labels"), "metadata.labels", terms=True),
         annotations=r.string_map(metadata.get("annotations"), "metadata.annotations"),
         volumes=volumes,
         containers=_containers(r, spec.get("containers"), path="spec.containers", volumes=names),
@@ -292,8 +292,8 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         ),
         fs_group=r.user_id(security.get("fsGroup"), "spec.securityContext.fsGroup"),
         run_as_user=r.user_id(security.get("runAsUser"), "spec.securityContext.runAsUser"),
-        service_account_name=r.string(spec.get("serviceAccountName"), "spec.serviceAccountName")
-        or r.string(spec.get("serviceAccount"), "spec.serviceAccount")
+        service_account_name=r.term(spec.get("serviceAccountName"), "spec.serviceAccountName")
+        or r.term(spec.get("serviceAccount"), "spec.serviceAccount")
         or "default",
         origin=r.origin,
     )
@@ -313,7 +313,7 @@ def _containers(
         requests = r.quantity_map(resources.get("requests"), f"{at}.resources.requests")
         containers.append(
             model.Container(
-                name=r.string(container.get("name"), f"{at}.name", required=True),
+                name=r.term(container.get("name"), f"{at}.name", required=True),
                 volume_mounts=tuple(
                     _mount(r, mount, path=f"{at}.volumeMounts[{i}]", volumes=volumes)
                     for i, mount in enumerate(mounts)
@@ -330,14 +330,14 @@ def _containers(
 
 def _mount(r: Reader, value: object, *, path: str, volumes: frozenset[str]) -> model.VolumeMount:
     mount = r.mapping(value, path)
-    volume = r.string(mount.get("name"), f"{path}.name", required=True)
+    volume = r.term(mount.get("name"), f"{path}.name", required=True)
     if volume not in volumes:
         r.fail(f"{path}.name", f"Not found: {quote(volume)}")
     return model.VolumeMount(
         name=VolumeName(volume),
-        mount_path=r.string(mount.get("mountPath"), f"{path}.mountPath", required=True),
+        mount_path=r.term(mount.get("mountPath"), f"{path}.mountPath", required=True),
         read_only=r.boolean(mount.get("readOnly"), f"{path}.readOnly"),
-        sub_path=r.string(mount.get("subPath"), f"{path}.subPath"),
+        sub_path=r.term(mount.get("subPath"), f"{path}.subPath"),
         sub_path_expr=r.string(mount.get("subPathExpr"), f"{path}.subPathExpr"),
         mount_propagation=_propagation(r, mount.get("mountPropagation"), f"{path}"),
     )

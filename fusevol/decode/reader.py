@@ -19,6 +19,7 @@ import base64
 import binascii
 import json
 import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
 
@@ -83,6 +84,13 @@ class Reader:
             self.fail(path, "must be valid Unicode (a lone surrogate escape)")  # JSON's "\\ud800"
         return value
 
+    def term(self, value: object, path: str, *, required: bool = False) -> str:
+        """A string many objects repeat (a namespace, a node, a volume's or an object's name, a
+        key, a mount path): one copy for all of them (`sys.intern`), where each object read from
+        JSON would hold its own. The pods of one Deployment repeat nearly every string of their
+        spec; a node of thousands of pods holds each once."""
+        return sys.intern(self.string(value, path, required=required))
+
     def boolean(self, value: object, path: str) -> bool:
         return self.expect(value, path, False)
 
@@ -103,12 +111,15 @@ class Reader:
         message = f"must be between 0 and {MAX_ID}, inclusive"
         return self.integer(value, path, maximum=MAX_ID, message=message)
 
-    def string_map(self, value: object, path: str) -> dict[str, str]:
+    def string_map(self, value: object, path: str, *, terms: bool = False) -> dict[str, str]:
+        """Keys are `term`s (labels, annotations and data keys repeat from object to object);
+        values too with `terms` (labels)."""
         result: dict[str, str] = {}
+        read = self.term if terms else self.string
         for key, item in self.mapping(value, path).items():
             if not isinstance(key, str):
                 self.fail(path, f"key {key!r} must be a string")
-            result[key] = self.string(item, f"{path}[{quote(key)}]")
+            result[sys.intern(key)] = read(item, f"{path}[{quote(key)}]")
         return result
 
     def quantity_map(self, value: object, path: str) -> dict[str, str]:
@@ -163,8 +174,8 @@ class Reader:
         for index, raw in enumerate(self.sequence(value, path)):
             item_path = f"{path}[{index}]"
             item = self.mapping(raw, item_path)
-            key = self.string(item.get("key"), f"{item_path}.key", required=True)
-            target = self.string(item.get("path"), f"{item_path}.path", required=True)
+            key = self.term(item.get("key"), f"{item_path}.key", required=True)
+            target = self.term(item.get("path"), f"{item_path}.path", required=True)
             self.local_path(target, f"{item_path}.path")
             items.append(KeyToPath(key, target, self.mode(item.get("mode"), f"{item_path}.mode")))
         return tuple(items)

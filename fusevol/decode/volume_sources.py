@@ -78,7 +78,7 @@ def parse_volumes(r: Reader, value: object) -> tuple[model.Volume, ...]:
     for index, raw in enumerate(r.sequence(value, "spec.volumes")):
         path = f"spec.volumes[{index}]"
         entry = r.mapping(raw, path)
-        name = r.string(entry.get("name"), f"{path}.name", required=True)
+        name = r.term(entry.get("name"), f"{path}.name", required=True)
         r.dns_name(name, f"{path}.name", subdomain=False)
         if any(volume.name == name for volume in volumes):
             r.fail(f"{path}.name", f"Duplicate value: {quote(name)}")
@@ -125,14 +125,14 @@ def _volume_source(r: Reader, *, type_name: str, value: object, path: str) -> mo
     if type_name == "persistentVolumeClaim":
         source = r.mapping(value, path)
         return model.PersistentVolumeClaimVolumeSource(
-            r.string(source.get("claimName"), f"{path}.claimName", required=True),
+            r.term(source.get("claimName"), f"{path}.claimName", required=True),
             r.boolean(source.get("readOnly"), f"{path}.readOnly"),
         )
     if type_name not in ("configMap", "secret"):
         return model.UnsupportedVolumeSource(type_name=type_name)
     source = r.mapping(value, path)
     name_field = "name" if type_name == "configMap" else "secretName"
-    name = r.string(source.get(name_field), f"{path}.{name_field}", required=True)
+    name = r.term(source.get(name_field), f"{path}.{name_field}", required=True)
     items = r.items(source.get("items"), f"{path}.items")
     default_mode = _default_mode(r, source.get("defaultMode"), f"{path}.defaultMode")
     optional = r.boolean(source.get("optional"), f"{path}.optional")
@@ -259,7 +259,7 @@ def _projection(
         return model.DownwardAPIProjection(items=files)
     if type_name == "serviceAccountToken":
         return _service_account_token(r, source, path)
-    name = r.string(source.get("name"), f"{path}.name", required=True)
+    name = r.term(source.get("name"), f"{path}.name", required=True)
     items = r.items(source.get("items"), f"{path}.items")
     for item in items:
         claims.claim(r, item.path, shown=name)
@@ -306,7 +306,7 @@ def _downward_items(
     for index, raw in enumerate(r.sequence(value, path)):
         at = f"{path}[{index}]"
         item = r.mapping(raw, at)
-        target = r.string(item.get("path"), f"{at}.path", required=True)
+        target = r.term(item.get("path"), f"{at}.path", required=True)
         r.local_path(target, f"{at}.path")
         field_ref = item.get("fieldRef")
         resource_ref = item.get("resourceFieldRef")
@@ -332,9 +332,9 @@ def _downward_items(
 
 def _field_ref(r: Reader, value: object, path: str) -> model.ObjectFieldSelector:
     ref = r.mapping(value, path)
-    api_version = r.string(ref.get("apiVersion"), f"{path}.apiVersion") or "v1"
+    api_version = r.term(ref.get("apiVersion"), f"{path}.apiVersion") or "v1"
     at = f"{path}.fieldPath"
-    field_path = r.string(ref.get("fieldPath"), at, required=True)
+    field_path = r.term(ref.get("fieldPath"), at, required=True)
     converting = f"invalid value {quote(field_path)}: error converting fieldPath"
     if api_version != "v1":
         r.fail(at, f"{converting}: unsupported pod version: {api_version}")

@@ -324,6 +324,43 @@ def test_captured_pods_are_there() -> None:
     assert len(CAPTURED) >= 2
 
 
+def test_replicas_share_the_strings_their_specs_repeat() -> None:
+    """Each pod decoded from JSON of its own (as each arrives from the API server), the strings
+    a Deployment's replicas repeat are one object for all of them: thousands of pods on a node
+    hold a namespace, a volume name or a mount path once. Their own names stay their own."""
+    stored = next(c[2] for c in CAPTURED if c[0] == "configmap-secret")
+    spec = {**stored["spec"], "nodeName": "kit-node"}  # as the scheduler binds them
+    first, second = (
+        _decode(
+            {**stored, "metadata": {**stored["metadata"], "name": name, "uid": uid}, "spec": spec}
+        )
+        for name, uid in (("web-1", "uid-1"), ("web-2", "uid-2"))
+    )
+    assert first.name != second.name
+    assert first.uid is not second.uid
+    assert first.namespace is second.namespace
+    assert first.node_name == "kit-node"
+    assert first.node_name is second.node_name
+    assert first.service_account_name is second.service_account_name
+    assert first.volumes
+    assert len(first.volumes) == len(second.volumes)
+    for a, b in zip(first.volumes, second.volumes, strict=True):
+        assert a.name is b.name
+        if isinstance(a.source, ConfigMapVolumeSource):
+            assert isinstance(b.source, ConfigMapVolumeSource)
+            assert a.source.name is b.source.name
+        if isinstance(a.source, SecretVolumeSource):
+            assert isinstance(b.source, SecretVolumeSource)
+            assert a.source.secret_name is b.source.secret_name
+    mounts = [m for c in first.containers for m in c.volume_mounts]
+    others = [m for c in second.containers for m in c.volume_mounts]
+    assert mounts
+    assert len(mounts) == len(others)
+    for mount, other in zip(mounts, others, strict=True):
+        assert mount.name is other.name
+        assert mount.mount_path is other.mount_path
+
+
 # -- divisor "0" ---------------------------------------------------------------------------------
 
 
