@@ -278,8 +278,7 @@ def _nodes(records: list[_NodeRecord]) -> dict[int, Node]:
             uid,
             gid,
             mtime_ns,
-            data=data,
-            target=target,
+            content=target if stat.S_ISLNK(mode) else data,
             children={} if stat.S_ISDIR(mode) else None,
             nlookup=nlookup,
         )

@@ -57,10 +57,9 @@ class Node:
     uid: int
     gid: int
     mtime_ns: int
-    data: bytes = field(default=b"", repr=False)
-    """File content (regular files only)."""
-    target: bytes = b""
-    """Symlink target (symlinks only)."""
+    content: bytes = field(default=b"", repr=False)
+    """A regular file's data, a symlink's target: one field for both, 16 bytes less on each of
+    the five or more nodes of each of thousands of volumes."""
     children: dict[bytes, Node] | None = None
     """Directory entries (directories only)."""
     parent: Node | None = None
@@ -70,14 +69,22 @@ class Node:
     """Reachable from the root."""
 
     @property
+    def data(self) -> bytes:
+        """File content (regular files only)."""
+        return self.content if stat.S_ISREG(self.mode) else b""
+
+    @property
+    def target(self) -> bytes:
+        """Symlink target (symlinks only)."""
+        return self.content if stat.S_ISLNK(self.mode) else b""
+
+    @property
     def is_dir(self) -> bool:
         return self.children is not None
 
     @property
     def size(self) -> int:
-        if self.children is not None:
-            return 0
-        return len(self.target) if stat.S_ISLNK(self.mode) else len(self.data)
+        return 0 if self.children is not None else len(self.content)
 
     @property
     def nlink(self) -> int:
@@ -155,10 +162,10 @@ class Tree:
     def new_file(
         self, data: bytes, *, mode: int, uid: int = 0, gid: int = 0, mtime_ns: int | None = None
     ) -> Node:
-        return self._new(stat.S_IFREG | mode, uid, gid, mtime_ns, data=data)
+        return self._new(stat.S_IFREG | mode, uid, gid, mtime_ns, content=data)
 
     def new_symlink(self, target: bytes, *, gid: int = 0) -> Node:
-        return self._new(stat.S_IFLNK | 0o777, 0, gid, None, target=target)
+        return self._new(stat.S_IFLNK | 0o777, 0, gid, None, content=target)
 
     def build_version(
         self, payload: Payload, *, dir_mode: int = 0o755, gid: int | None = None
