@@ -86,8 +86,16 @@ RESUME_JITTER_S = 0.5
 class Query:
     kind: Kind
     namespace: str | None
-    field_selector: str
+    fields: str
+    """The field selector, unless `name` is given."""
     label_selector: str = ""
+    name: str = ""
+    """One object's: the field selector is `metadata.name=<name>`, made for each request (the
+    name is the object key's own string; thousands of selectors kept would be 64 bytes each)."""
+
+    @property
+    def field_selector(self) -> str:
+        return f"metadata.name={self.name}" if self.name else self.fields
 
     def __str__(self) -> str:
         where = f" namespace={self.namespace}" if self.namespace else ""
@@ -192,7 +200,8 @@ class Reflector:
         self._backoff = backoff or Backoff()
         self._expiring = False
         """A 410 came, and no event since: (4) backs off on the next one."""
-        self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
+        self._expiry_backoff: Backoff | None = None
+        """(4)'s, made at the second 410 in a row."""
         self.synced = Flag()
         self.settled = Flag()
         """Set by the first list, or the first refusal (5)."""
@@ -314,7 +323,7 @@ class Reflector:
         self._version = self.stats.resource_version = version
         self._backoff.reset()
         self._expiring = False
-        self._expiry_backoff.reset()
+        self._expiry_backoff = None
         if kind == "BOOKMARK":
             self.stats.bookmarks += 1
             return
@@ -342,6 +351,8 @@ class Reflector:
                     exc,
                 )
             return
+        if self._expiry_backoff is None:
+            self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
         delay = self._expiry_backoff.next_delay()
         log.debug("watch expired again, relisting query=%s in=%.1fs: %s", self.query, delay, exc)
         await trio.sleep(delay)

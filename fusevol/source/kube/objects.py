@@ -211,7 +211,7 @@ class _Watch:
         """The running task's, None while parked."""
         self.reflector = Reflector(
             client=tracker._client_for(key),
-            query=Query(key.kind, key.namespace or None, f"metadata.name={key.name}"),
+            query=Query(key.kind, key.namespace or None, "", name=key.name),
             on_replace=self.on_replace,
             on_event=self.on_event,
             resume=self.resume,
