@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import sys
 import threading
 from typing import TYPE_CHECKING
 
@@ -108,7 +109,7 @@ class MountTable:
                 parent_id=parent.mount_id if parent is not None else 0,
                 device=holder.device,
                 root=os.path.normpath(os.path.join(holder.root, relative)),
-                path=target,
+                path=sys.intern(target),  # the volume's path: one copy, its record's too
                 options=("ro",) if read_only else ("rw",),
                 fstype=holder.fstype,
                 source=holder.source,

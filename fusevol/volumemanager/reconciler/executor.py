@@ -54,6 +54,10 @@ FINAL_OPERATIONS = frozenset({"unmount", "provision", "reclaim"})
 bound, the released volume dealt with): their history is dropped."""
 
 
+_NO_WAIT = -math.inf
+"""`retry_at` of a volume whose last operation succeeded: one float for all of them."""
+
+
 @dataclass(slots=True)
 class VolumeOperationStatus:
     """What `fusevol status` shows about a volume's operations."""
@@ -65,7 +69,7 @@ class VolumeOperationStatus:
     """How many of the volume's operations have ended, successfully or not."""
     failures: int = 0
     last_error: str = ""
-    retry_at: float = -math.inf
+    retry_at: float = _NO_WAIT
     """trio clock time before which no new operation starts."""
     failed_inputs: Hashable = field(default=None, repr=False)
     subject: str = field(default="", repr=False)
@@ -216,8 +220,9 @@ class Executor:
             self._on_finished(name, status.operation, trio.current_time() - started, True)
             if status.failures:
                 log.info("operation succeeded after %d failures volume=%s", status.failures, name)
-            status.failures, status.last_error, status.retry_at = 0, "", -math.inf
+            status.failures, status.last_error, status.retry_at = 0, "", _NO_WAIT
             status.failed_inputs = None
+            status.subject = ""  # for error lines only: thousands of volumes, 100 bytes each
             if status.operation in FINAL_OPERATIONS:
                 self._status.pop(name, None)
         finally:

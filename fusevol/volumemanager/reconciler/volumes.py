@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -115,6 +116,7 @@ class Volumes:
         else:
             inputs = self.inputs(volume)
             path = str(await self.mounted.set_up(volume))
+        path = sys.intern(path)  # the mount table holds it too (`MountTable.bound`): one copy
         return MountedVolume(
             volume.name,
             plugin,
