@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Protocol
 import trio
 
 from fusevol.base.errors import FusevolError, is_expected
+from fusevol.base.multimap import SetMultimap
 from fusevol.model import ObjectKey, PersistentVolumeClaimVolumeSource, Pod, UniqueVolumeName
 from fusevol.node.layout import Plugin
 from fusevol.provision.hostpath import PROVISIONER
@@ -124,8 +125,9 @@ class Reconciler:
         it: when it has come, the next pass is a full one."""
         self._ended: set[UniqueVolumeName] = set()
         """Volumes whose operation ended since the last pass began."""
-        self._referencing: dict[ObjectKey, list[UniqueVolumeName]] = {}
-        """Each object -> the volumes built from it, as of the last full pass."""
+        self._referencing: SetMultimap[ObjectKey, UniqueVolumeName] = SetMultimap()
+        """Each object -> the volumes built from it, as of the last full pass (nearly always one:
+        held bare, not in a list of one)."""
         self._references_of: dict[UniqueVolumeName, tuple[ObjectKey, ...]] = {}
         """Each desired volume of the last full pass -> the objects it is built from."""
 
@@ -225,14 +227,14 @@ class Reconciler:
             return None
         names = dict.fromkeys(ended)
         for key in changed:
-            if (users := self._referencing.get(key)) is None:
+            if key not in self._referencing:
                 return None
-            names.update(dict.fromkeys(users))
+            names.update(dict.fromkeys(self._referencing.get(key)))
         for name in ended:
             if (keys := self._references_of.get(name)) is None:
                 return None
             for key in keys:
-                names.update(dict.fromkeys(self._referencing[key]))
+                names.update(dict.fromkeys(self._referencing.get(key)))
         if 4 * len(names) > len(self._references_of):
             return None
         return [volume for name in names if (volume := self._desired.get(name)) is not None]
@@ -241,12 +243,12 @@ class Reconciler:
         """At a full pass: what each desired volume is built from, for the passes that follow
         (`_candidates`)."""
         self._full_wanted, self._last_full = False, trio.current_time()
-        self._referencing, self._references_of = {}, {}
+        self._referencing, self._references_of = SetMultimap(), {}
         for volume in self._desired.volumes_to_serve():
             keys = self._volumes.objects(volume)
             self._references_of[volume.name] = keys
             for key in keys:
-                self._referencing.setdefault(key, []).append(volume.name)
+                self._referencing.add(key, volume.name)
 
     def provision(self) -> None:
         if self._provisioner is None:
