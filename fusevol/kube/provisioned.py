@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert, to_document
-from fusevol.kube.reflector import Flag, Query, Reflector
+from fusevol.kube.reflector import Callbacks, Flag, Query, Reflector
 from fusevol.model import Kind, ObjectKey, PersistentVolume
 
 if TYPE_CHECKING:
@@ -67,8 +67,7 @@ class KubeVolumeRecorder:
         self.reflector = Reflector(
             client=client,
             query=Query(Kind.PERSISTENT_VOLUME, None, "", f"{NODE_LABEL}={node_name}"),
-            on_replace=self._replace,
-            on_event=self._event,
+            handler=Callbacks(self._replace, self._event),
         )
 
     @property

@@ -2,10 +2,11 @@
 
 client-go's reflector (and kopf's watch loop), as small stages:
 
-1. LIST (with the query's field selector) -> `on_replace(items)`, the complete current state
-   (the list is the handler's: it may empty it once read); `synced` is set after the first one.
+1. LIST (with the query's field selector) -> the handler's `on_replace(items)`, the complete
+   current state (the list is the handler's: it may empty it once read); `synced` is set after
+   the first one.
 2. WATCH from the list's resourceVersion, bookmarks requested. Each ADDED/MODIFIED/DELETED event
-   goes to `on_event`; every event, BOOKMARK included, moves the resourceVersion on, so that a
+   goes to its `on_event`; every event, BOOKMARK included, moves the resourceVersion on, so that a
    reconnect resumes where the stream stopped and does not need a relist.
 3. The stream ends (the server's `timeoutSeconds`, randomised in [5, 10) min like client-go's):
    watch again from the last resourceVersion (2).
@@ -53,7 +54,7 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -101,6 +102,25 @@ class Query:
         where = f" namespace={self.namespace}" if self.namespace else ""
         labels = f" labelSelector={self.label_selector}" if self.label_selector else ""
         return f"{self.kind.value.lower()}s{where} fieldSelector={self.field_selector}{labels}"
+
+
+class Handler(Protocol):
+    """What a reflector's items and events go to: an object with these two methods (a watched
+    object's own, with no bound method kept for each of thousands), or `Callbacks`."""
+
+    def on_replace(self, items: list[Obj], /) -> Awaitable[None]:
+        """The complete current state (1); the list is the handler's: it may empty it."""
+
+    def on_event(self, kind: str, obj: Obj, /) -> Awaitable[None]:
+        """One ADDED, MODIFIED or DELETED event (2)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Callbacks:
+    """A `Handler` made of two functions."""
+
+    on_replace: Callable[[list[Obj]], Awaitable[None]]
+    on_event: Callable[[str, Obj], Awaitable[None]]
 
 
 @dataclass(slots=True)
@@ -166,8 +186,7 @@ class Reflector:
         "_client",
         "_expiring",
         "_expiry_backoff",
-        "_on_event",
-        "_on_replace",
+        "_handler",
         "_relist_from",
         "_resume",
         "_stream",
@@ -185,8 +204,7 @@ class Reflector:
         *,
         client: KubeClient,
         query: Query,
-        on_replace: Callable[[list[Obj]], Awaitable[None]],
-        on_event: Callable[[str, Obj], Awaitable[None]],
+        handler: Handler,
         backoff: Backoff | None = None,
         resume: Callable[[], None] | None = None,
     ) -> None:
@@ -195,8 +213,7 @@ class Reflector:
         and return at once."""
         self._client = client
         self.query = query
-        self._on_replace = on_replace
-        self._on_event = on_event
+        self._handler = handler
         self._backoff = backoff or Backoff()
         self._expiring = False
         """A 410 came, and no event since: (4) backs off on the next one."""
@@ -255,7 +272,7 @@ class Reflector:
         if behind_horizon(horizon, self.query.kind, version):  # (4): not this server's
             del horizon[self.query.kind]
         self.refused = ""
-        await self._on_replace(items)
+        await self._handler.on_replace(items)
         self.synced.set()
         self.settled.set()
         self._backoff.reset()
@@ -328,7 +345,7 @@ class Reflector:
             self.stats.bookmarks += 1
             return
         self.stats.events += 1
-        await self._on_event(str(kind), obj)
+        await self._handler.on_event(str(kind), obj)
 
     async def _expired(self, exc: ApiError) -> None:
         self.stats.expired += 1

@@ -18,7 +18,7 @@ import pytest
 import trio
 
 from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable, behind_horizon
-from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Query, Reflector
+from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Callbacks, Query, Reflector
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -141,8 +141,7 @@ async def mirror() -> AsyncIterator[Mirror]:
     reflector = Reflector(
         client=cast("KubeClient", client),
         query=QUERY,
-        on_replace=on_replace,
-        on_event=on_event,
+        handler=Callbacks(on_replace, on_event),
         backoff=Backoff(initial_s=0.01, max_s=0.05),
     )
     async with trio.open_nursery() as nursery:
@@ -247,8 +246,7 @@ def watch_with(client: ScriptedClient, calls: list[tuple[str, Any]]) -> Reflecto
     return Reflector(
         client=cast("KubeClient", client),
         query=QUERY,
-        on_replace=on_replace,
-        on_event=on_event,
+        handler=Callbacks(on_replace, on_event),
         backoff=Backoff(initial_s=0.01, max_s=0.05),
     )
 
@@ -325,8 +323,7 @@ async def test_cancelling_the_reflector_closes_its_watch() -> None:
     reflector = Reflector(
         client=cast("KubeClient", client),
         query=QUERY,
-        on_replace=ignore,
-        on_event=ignore,
+        handler=Callbacks(ignore, ignore),
     )
     async with trio.open_nursery() as nursery:
         nursery.start_soon(reflector.run)

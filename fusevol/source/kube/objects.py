@@ -212,8 +212,7 @@ class _Watch:
         self.reflector = Reflector(
             client=tracker._client_for(key),
             query=Query(key.kind, key.namespace or None, "", name=key.name),
-            on_replace=self.on_replace,
-            on_event=self.on_event,
+            handler=self,
             resume=self.resume,
         )
 

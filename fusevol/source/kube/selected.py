@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusevol.kube.reflector import Query, Reflector
+from fusevol.kube.reflector import Callbacks, Query, Reflector
 from fusevol.model import Kind, ObjectKey
 
 if TYPE_CHECKING:
@@ -39,8 +39,7 @@ class SelectedClaims:
         self.reflector = Reflector(
             client=client,
             query=Query(Kind.PERSISTENT_VOLUME_CLAIM, None, ""),
-            on_replace=self._replace,
-            on_event=self._event,
+            handler=Callbacks(self._replace, self._event),
         )
 
     async def run(self) -> None:

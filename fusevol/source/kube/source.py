@@ -67,7 +67,7 @@ from fusevol.base.settings import ChangeDetection
 from fusevol.kube.client import ApiError, ApiUnavailable
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
-from fusevol.kube.reflector import Backoff, Query, Reflector
+from fusevol.kube.reflector import Backoff, Callbacks, Query, Reflector
 from fusevol.model import (
     Kind,
     ObjectKey,
@@ -177,8 +177,7 @@ class KubeSource:
             self._pod_reflector = pods = Reflector(  # (1)
                 client=self._client,
                 query=Query(Kind.POD, None, f"spec.nodeName={self._node_name}"),
-                on_replace=self._replace_pods,
-                on_event=self._pod_event,
+                handler=Callbacks(self._replace_pods, self._pod_event),
             )
             nursery.start_soon(pods.run)
             await pods.synced.wait()
