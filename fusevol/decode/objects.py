@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from fusevol import model
-from fusevol.decode.reader import Reader, quote
+from fusevol.decode.reader import NO_ENTRIES, Reader, quote
 from fusevol.decode.volume_sources import parse_volumes, persistent_source
 from fusevol.model import KubeObject, ResourceVersion, VolumeName
 
@@ -245,7 +245,7 @@ def _config_map(
     return model.ConfigMap(
         *header.identity,
         data={key: value.encode() for key, value in data.items()},
-        binary_data=binary_data,
+        binary_data=binary_data or NO_ENTRIES,
         immutable=r.boolean(document.get("immutable"), "immutable"),
     )
 
@@ -319,13 +319,25 @@ def _containers(
                     for i, mount in enumerate(mounts)
                 ),
                 run_as_user=r.user_id(security.get("runAsUser"), f"{at}.securityContext.runAsUser"),
-                # `SetDefaults_Pod`: a limit without a request is the request too. kubelet
-                # reads every pod so defaulted, a static pod's manifest included.
-                resources=model.ResourceRequirements(limits, {**limits, **requests}),
+                resources=_resources(limits, requests),
                 env=_env(r, container.get("env"), path=f"{at}.env"),
             )
         )
     return tuple(containers)
+
+
+_NO_RESOURCES = model.ResourceRequirements(NO_ENTRIES, NO_ENTRIES)
+
+
+def _resources(
+    limits: Mapping[str, str], requests: Mapping[str, str]
+) -> model.ResourceRequirements:
+    """`SetDefaults_Pod`: a limit without a request is the request too. kubelet reads every pod
+    so defaulted, a static pod's manifest included. Most containers of a node set none: one
+    object for all of them."""
+    if not limits and not requests:
+        return _NO_RESOURCES
+    return model.ResourceRequirements(limits, {**limits, **requests})
 
 
 def _mount(r: Reader, value: object, *, path: str, volumes: frozenset[str]) -> model.VolumeMount:

@@ -21,7 +21,8 @@ import json
 import re
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn, TypeVar, cast
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, cast
 
 from fusevol.base.errors import ManifestError
 from fusevol.model import KeyToPath
@@ -48,6 +49,10 @@ _QUANTITY_MESSAGE = (
 _NEGATIVE = re.compile(r"-[0.]*[1-9]")
 _TYPE_NAMES = {dict: "a mapping", list: "a list", str: "a string", bool: "a boolean"}
 _T = TypeVar("_T")
+
+NO_ENTRIES: Mapping[str, Any] = MappingProxyType({})
+"""The map of every object that has no entries (labels, annotations, resources, binary data):
+one for all, read-only, where each held an empty dict of its own (64 bytes, thousands of pods)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,7 +116,7 @@ class Reader:
         message = f"must be between 0 and {MAX_ID}, inclusive"
         return self.integer(value, path, maximum=MAX_ID, message=message)
 
-    def string_map(self, value: object, path: str, *, terms: bool = False) -> dict[str, str]:
+    def string_map(self, value: object, path: str, *, terms: bool = False) -> Mapping[str, str]:
         """Keys are `term`s (labels, annotations and data keys repeat from object to object);
         values too with `terms` (labels)."""
         result: dict[str, str] = {}
@@ -120,9 +125,9 @@ class Reader:
             if not isinstance(key, str):
                 self.fail(path, f"key {key!r} must be a string")
             result[sys.intern(key)] = read(item, f"{path}[{quote(key)}]")
-        return result
+        return result or NO_ENTRIES
 
-    def quantity_map(self, value: object, path: str) -> dict[str, str]:
+    def quantity_map(self, value: object, path: str) -> Mapping[str, str]:
         """Resource name -> quantity text; YAML numbers are taken as written (`0.5`, `2`)."""
         result: dict[str, str] = {}
         for key, item in self.mapping(value, path).items():
@@ -137,7 +142,7 @@ class Reader:
             if _NEGATIVE.match(text):
                 self.fail(at, f"invalid value {quote(text)}: must be greater than or equal to 0")
             result[key] = text
-        return result
+        return result or NO_ENTRIES
 
     def decode_base64(self, text: str, path: str) -> bytes:
         # Go's StdEncoding skips CR and LF (folded YAML) but is otherwise strict and padded.

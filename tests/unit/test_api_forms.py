@@ -30,6 +30,7 @@ from fusevol.model import (
     InvalidVolumeSource,
     Pod,
     ProjectedVolumeSource,
+    ResourceRequirements,
     ResourceVersion,
     Secret,
     SecretVolumeSource,
@@ -359,6 +360,30 @@ def test_replicas_share_the_strings_their_specs_repeat() -> None:
     for mount, other in zip(mounts, others, strict=True):
         assert mount.name is other.name
         assert mount.mount_path is other.mount_path
+
+
+def test_what_objects_leave_empty_is_one_read_only_map() -> None:
+    """Pods without annotations or resources, ConfigMaps without binaryData: no empty dict of
+    their own each, one shared map that nobody can fill."""
+    stored = next(c[2] for c in CAPTURED if c[0] == "configmap-secret")
+    spec = {**stored["spec"]}
+    spec["containers"] = [{**c, "resources": {}} for c in spec["containers"]]
+    first, second = (_decode({**stored, "spec": spec}) for _ in range(2))
+    assert first.annotations == {}
+    assert first.annotations is second.annotations
+    resources = [c.resources for p in (first, second) for c in p.containers]
+    assert resources[0] == ResourceRequirements({}, {})
+    assert all(r is resources[0] for r in resources)
+    maps = []
+    for _ in range(2):
+        config_map = convert_object(
+            {"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}}, origin="api"
+        )
+        assert isinstance(config_map, ConfigMap)
+        maps.append(config_map.binary_data)
+    assert maps[0] is maps[1]
+    with pytest.raises(TypeError):
+        maps[0]["a"] = b"1"  # type: ignore[index]
 
 
 # -- divisor "0" ---------------------------------------------------------------------------------
