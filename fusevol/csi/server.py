@@ -223,7 +223,7 @@ class CsiServer:
                 mount_group=capability.mount.volume_mount_group,
             )
 
-        self._in_trio(context, publish)
+        self._in_trio(context, publish, forwardable=True)
         return pb.NodePublishVolumeResponse()
 
     def _unpublish(
@@ -235,29 +235,40 @@ class CsiServer:
         async def unpublish() -> None:
             await self.node.unpublish(volume_id=request.volume_id, target_path=request.target_path)
 
-        self._in_trio(context, unpublish)
+        self._in_trio(context, unpublish, forwardable=True)
         return pb.NodeUnpublishVolumeResponse()
 
-    def _in_trio(self, context: grpc.ServicerContext, fn: Callable[[], Any]) -> Any:
-        """Run `fn()` (async) in the agent's trio loop; a CsiError becomes its gRPC status."""
+    def _in_trio(
+        self, context: grpc.ServicerContext, fn: Callable[[], Any], *, forwardable: bool = False
+    ) -> Any:
+        """Run `fn()` (async) in the agent's trio loop; a CsiError becomes its gRPC status. A
+        `forwardable` one (a Node call) that a handing-over stop interrupts raises
+        `_Interrupted`: the successor answers it (`_or_successor`)."""
         try:
-            return trio.from_thread.run(self._interruptible, fn, trio_token=self._token)
+            if forwardable:
+                return trio.from_thread.run(self._interruptible, fn, trio_token=self._token)
+            return trio.from_thread.run(fn, trio_token=self._token)
         except CsiError as exc:
             log.info("csi call refused code=%s error=%s", exc.code.value, exc)
             context.abort(grpc.StatusCode[exc.code.value], str(exc))
         except (trio.RunFinishedError, trio.Cancelled, _Interrupted):
-            if self._forwarding.is_set():
+            if forwardable and self._forwarding.is_set():
                 raise _Interrupted from None
             context.abort(grpc.StatusCode.UNAVAILABLE, "the fusevol agent is stopping")
 
     async def _interruptible(self, fn: Callable[[], Any]) -> Any:
-        """`fn()`, unless a handing-over stop interrupts it: `_Interrupted`."""
+        """`fn()`, unless a handing-over stop interrupts it, or began before the call reached
+        the loop: `_Interrupted`. The stop cancels the calls in flight when it begins; a call
+        whose handler saw no stop yet, but that reaches the loop after it, would otherwise wait
+        for a reconciler that has stopped, and keep the lingering server from ending (a publish
+        in a rollout, 30 s). Both run on the trio thread: one of them sees the other."""
         with trio.CancelScope() as scope:
-            self._in_flight.add(scope)
-            try:
-                return await fn()
-            finally:
-                self._in_flight.discard(scope)
+            if not self._forwarding.is_set():
+                self._in_flight.add(scope)
+                try:
+                    return await fn()
+                finally:
+                    self._in_flight.discard(scope)
         raise _Interrupted
 
     def _or_successor(
