@@ -200,7 +200,7 @@ class WatchedObjects:
 
 class _Watch:
     """One object's list+watch (thousands of them: a few slots, no closures). No task while its
-    watch waits for the server (the reflector parks; `resume` runs it again)."""
+    watch waits for the server (the reflector parks; calling the watch runs it again)."""
 
     __slots__ = ("key", "reflector", "scope", "tracker")
 
@@ -213,7 +213,7 @@ class _Watch:
             client=tracker._client_for(key),
             query=Query(key.kind, key.namespace or None, "", name=key.name),
             handler=self,
-            resume=self.resume,
+            resume=self,  # called, a watch resumes: no bound method kept for each of thousands
         )
 
     async def run(self) -> None:
@@ -228,7 +228,8 @@ class _Watch:
     def wanted(self) -> bool:
         return self.tracker._watches.get(self.key) is self
 
-    def resume(self) -> None:
+    def __call__(self) -> None:
+        """Resume: the reflector's `resume` (its stream has something)."""
         try:
             self.tracker._nursery.start_soon(self.run)
         except RuntimeError:  # the nursery is closed: the agent stops
