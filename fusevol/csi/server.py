@@ -123,14 +123,19 @@ class CsiServer:
         finally:
             if self._handing_over():  # the successor replaces both sockets; we serve on
                 self._kept = server
-                self._forwarding.set()
-                for call in list(self._in_flight):  # they wait for a reconciler that stopped
-                    call.cancel()
+                self._forward_from_now()
             else:
                 server.stop(grace=None)  # cancels calls in flight; kubelet retries them
                 unlink_if_same(self.path, self._inode)
             if registered is not None:  # on a handing-over stop, the successor replaces it
                 registered.stop(remove=not self._handing_over())
+
+    def _forward_from_now(self) -> None:
+        """A handing-over stop begins (on the trio thread): Node calls go to the successor,
+        those in flight too (they wait for a reconciler that stopped)."""
+        self._forwarding.set()
+        for call in list(self._in_flight):
+            call.cancel()
 
     async def linger(self, timeout_s: float = LINGER_S) -> None:
         """After a handing-over stop: wait until the successor's CSI socket replaces ours (or

@@ -42,9 +42,7 @@ async def test_a_call_in_the_loop_when_the_stop_begins_is_interrupted(tmp_path: 
 
     async def stop_when_started() -> None:
         await started.wait()
-        csi._forwarding.set()  # what the stop does as it begins (`CsiServer.run`)
-        for call in list(csi._in_flight):
-            call.cancel()
+        csi._forward_from_now()  # a handing-over stop begins (`CsiServer.run`)
 
     with trio.fail_after(5):
         async with trio.open_nursery() as nursery:
@@ -64,7 +62,7 @@ async def test_a_call_that_reaches_the_loop_after_the_stop_began_is_interrupted_
         served.append("publish")
         await trio.sleep_forever()
 
-    csi._forwarding.set()  # the stop began after the handler looked, before the call got here
+    csi._forward_from_now()  # the stop began after the handler looked, before the call got here
     with trio.fail_after(5), pytest.raises(_Interrupted):
         await csi._interruptible(publish)
     assert served == []
