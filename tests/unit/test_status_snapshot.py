@@ -78,7 +78,7 @@ def test_the_file_is_the_snapshot_encoded_in_steps_with_a_pause_between(
     sleep = trio.sleep
 
     async def recorded(seconds: float) -> None:
-        if seconds == _PAUSE_S and trio.lowlevel.current_task().name.endswith(".run"):
+        if seconds == _PAUSE_S and trio.lowlevel.current_task().name.endswith("StatusReporter.run"):
             pauses.append(trio.current_time())
         await sleep(seconds)
 
