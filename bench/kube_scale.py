@@ -274,13 +274,13 @@ def measure(
     pythonpath: Path | None = None,
     after: Callable[[Agent], None] | None = None,
 ) -> Row:
-    if pods > cluster.pods:
-        cluster.resize(pods)
+    grew = pods > cluster.pods
+    cluster.resize(pods)
+    if grew:
         # The first agent after new pods were made measured 8 MiB more RSS at 3000 pods than
         # the same code run next (124 against 116 and 116 MiB, one run; the cause not found):
         # it is run, and its figures dropped, so that every row and its baseline compare alike.
         print(f"warm-up at N={pods}:", measure(cluster, kubeconfig, pods, 2), flush=True)
-    cluster.resize(pods)
     with tempfile.TemporaryDirectory() as tmp:
         agent = Agent(Path(tmp), kubeconfig, cluster.uids, pythonpath=pythonpath)
         try:
