@@ -246,17 +246,20 @@ class Publisher:
         Nobody can watch inside a directory that does not exist yet; the next version is
         switched in by the VFS operations of `publish`, with kubelet's events
         (docs/fuse.md fact 2)."""
-        root = self._tree.new_dir(mode=new.mode, gid=new.gid)
+        tree, now = self._tree, self._tree.now_ns()
+        root = tree.new_dir(mode=new.mode, gid=new.gid, mtime_ns=now)
         for nested in new.nested:
-            mountpoint = self._tree.new_dir(mode=new.nested_mode, gid=new.gid)
-            self._tree.link(root, nested.encode(), mountpoint)
+            mountpoint = tree.new_dir(mode=new.nested_mode, gid=new.gid, mtime_ns=now)
+            tree.link(root, nested.encode(), mountpoint)
         name = self._unused_name(root)
-        self._tree.link(root, name, self._tree.build_version(payload, dir_mode=dir_mode, gid=gid))
+        version = tree.build_version(payload, dir_mode=dir_mode, gid=gid, mtime_ns=now)
+        tree.link(root, name, version)
         link_gid = symlink_gid(root)
-        self._tree.link(root, DATA, self._tree.new_symlink(name, gid=link_gid))
+        tree.link(root, DATA, tree.new_symlink(name, gid=link_gid, mtime_ns=now))
         for top in sorted(_top_level(payload)):
-            if self._tree.child(root, top) is None:
-                self._tree.link(root, top, self._tree.new_symlink(DATA + b"/" + top, gid=link_gid))
+            if tree.child(root, top) is None:
+                target = DATA + b"/" + top
+                tree.link(root, top, tree.new_symlink(target, gid=link_gid, mtime_ns=now))
         self._tree.add(self._tree.root, volume, root)
         self._versions[volume] = Version(name, payload, gid, dir_mode)
         self._publishes += 1
