@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import stat
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -123,6 +124,14 @@ def test_build_version_layout_modes_and_owners(
     top = tree.build_version(PAYLOAD, gid=2000)
     node = resolve(tree, top, path)
     assert (node.mode, node.uid, node.gid, node.data) == (mode, uid, 2000, data)
+
+
+def test_a_node_is_96_bytes_its_mode_and_owner_one_value_for_all(tree: Tree) -> None:
+    first, second = tree.build_version(PAYLOAD, gid=2000), tree.build_version(PAYLOAD, gid=2000)
+    a, b = resolve(tree, first, b"dir/b.txt"), resolve(tree, second, b"dir/b.txt")
+    assert (a.mode, a.uid, a.gid) == (b.mode, b.uid, b.gid) == (stat.S_IFREG | 0o600, 1000, 2000)
+    assert sys.getsizeof(a) == 96  # pymalloc's 96-byte class, GC header included
+    assert a._attributes is b._attributes
 
 
 def test_build_version_top_holds_only_top_level_names(tree: Tree) -> None:
