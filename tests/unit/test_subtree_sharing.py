@@ -218,6 +218,18 @@ async def test_pods_starting_together_render_and_publish_their_shared_subtree_on
     assert payload["a"].data == b"2"
 
 
+async def test_a_volume_is_one_user_tuple_in_every_index(served: Served) -> None:
+    volume = served.resolve(pod(1, CONFIG))
+    await served.volumes.set_up(volume)
+    [by_facts] = served.volumes._facts
+    [by_subtree] = served.volumes._subtree_of
+    [name] = served.publisher.content
+    [user] = served.volumes._users.get(name)
+    assert by_facts == (volume.pod.uid, volume.spec_name)
+    assert by_subtree is by_facts
+    assert user is by_facts
+
+
 async def test_the_subtree_goes_with_its_last_user(served: Served) -> None:
     a, b = served.resolve(pod(1, CONFIG)), served.resolve(pod(2, CONFIG))
     await served.volumes.set_up(a)

@@ -84,6 +84,9 @@ _FACTS_KEPT = 1024
 
 @dataclass(frozen=True, slots=True)
 class _Facts:
+    user: tuple[PodUID, str]
+    """The volume as a user of subtrees, (pod uid, volume name): the one tuple that keys it in
+    every index, where each would make its own (56 bytes each, on thousands of volumes)."""
     volume: VolumeToServe
     """The object these are of (identity: a changed pod is a new object)."""
     subtree: bytes
@@ -182,7 +185,10 @@ class ServedVolumes:
         if facts is None or facts.volume is not volume:
             if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
                 self._facts.clear()  # a cache: volumes never set up are dropped with the rest
+            if facts is not None:
+                user = facts.user  # the tuple the indexes hold already
             facts = self._facts[user] = _Facts(
+                user,
                 volume,
                 subtree_name(volume),
                 _referenced_objects(volume),
@@ -251,7 +257,7 @@ class ServedVolumes:
     ) -> None:
         """Make subtree `name` (created if needed) hold the volume's payload (`render()`, by
         default `self.render(volume)`), with `volume` among its users."""
-        user = (volume.pod.uid, volume.spec_name)
+        user = self._facts_of(volume).user
         async with self._holding(name):
             # A shared subtree published from these very inputs (by another pod's volume, moments
             # ago when many pods start at once) holds what this volume would: nothing to render
