@@ -34,10 +34,8 @@ import trio
 from fusevol.base.helper_parent import HelperProcess
 from fusevol.fuse.tree import symlink_gid
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
-from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from fusevol.fuse.tree import Node, Tree
@@ -47,15 +45,6 @@ log = logging.getLogger(__name__)
 
 DATA = b"..data"
 DATA_TMP = b"..data_tmp"
-
-
-@dataclass(frozen=True, slots=True)
-class Version:
-    name: bytes
-    """The version directory's name, `..<UTC timestamp>.<random>`."""
-    payload: Payload
-    gid: int | None
-    dir_mode: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +74,6 @@ class Publisher:
         self._tree = tree
         self._mountpoint = mountpoint
         self._grace_s = grace_s
-        self._versions: dict[bytes, Version | None] = {}
         self._publishes = 0
         self._pending_removals = 0
         self._nursery: trio.Nursery | None = None
@@ -100,25 +88,20 @@ class Publisher:
         short left behind (versions `..data` does not name, a `..data_tmp`) is removed once `run`
         has started, after the grace period."""
         for name, directory in (self._tree.root.children or {}).items():
-            version = self._versions[name] = self._found(directory)
-            current = None if version is None else version.name
+            current = self._current(directory)
             for entry, node in (directory.children or {}).items():
                 if entry == DATA_TMP:
                     self._leftovers.append(("unlink", self.path(name) / os.fsdecode(entry)))
                 elif node.is_dir and entry.startswith(b"..") and entry != current:
                     self._leftovers.append(("rmdir", self.path(name) / os.fsdecode(entry)))
 
-    def _found(self, directory: Node) -> Version | None:
-        """The current version of a volume directory as the tree holds it (the version directory
-        its `..data` names, if it is one), for a volume this publisher did not make: a restored
-        one (`adopt`), or one a failed removal left."""
+    def _current(self, directory: Node) -> bytes | None:
+        """The name of the version directory a volume's `..data` names, if it is one. The tree
+        is the one record of what each volume holds: a copy of every payload beside it was some
+        400 bytes a volume, on thousands of volumes."""
         data = self._tree.child(directory, DATA)
         current = None if data is None else self._tree.child(directory, data.target)
-        if data is None or current is None or current.children is None:
-            return None
-        return Version(
-            data.target, dict(_files(current)), current.gid or None, current.mode & 0o7777
-        )
+        return data.target if data is not None and current is not None and current.is_dir else None
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the helper processes, host the delayed removals of old versions until cancelled,
@@ -149,18 +132,9 @@ class Publisher:
         """Where the volume's subtree is on the agent's mount (the source of its bind mounts)."""
         return self._mountpoint / os.fsdecode(volume)
 
-    def current(self, volume: bytes) -> Version | None:
-        return self._versions.get(volume)
-
-    def volumes(self) -> tuple[bytes, ...]:
-        return tuple(self._versions)
-
     async def remove_volume(self, volume: bytes) -> None:
         """Remove the volume directory and every version in it. No-op if it does not exist."""
-        if (
-            self._versions.pop(volume, None) is None
-            and self._tree.child(self._tree.root, volume) is None
-        ):
+        if self._tree.child(self._tree.root, volume) is None:
             return
         try:
             await self._vfs("rmdir", self.path(volume))
@@ -187,7 +161,7 @@ class Publisher:
         version, and appears whole (`_create`). For an existing one, the steps carry
         AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
         (1) the payload was validated by its builder (`fusevol.projection`);
-        (2) the current version is known here, not read back;
+        (2) the current version is read from the tree (`..data` names it), not from the mount;
         (3) top-level names of the old version that the new one lacks are to be removed;
         (4) an unchanged payload (content *and* modes: kubelet ignores mode-only changes, we do
             not) skips to (10);
@@ -203,15 +177,12 @@ class Publisher:
             self._create(volume, payload, gid, dir_mode, new)
             return True
         root = self.path(volume)
-        old = self._versions[volume] if volume in self._versions else self._found(volume_dir)
+        old = self._current(volume_dir)
+        current = None if old is None else self._tree.child(volume_dir, old)
         new_names = _top_level(payload)
         missing = {n for n in new_names if self._tree.child(volume_dir, n) is None}
-        removed = (_top_level(old.payload) - new_names) if old else set()  # (3)
-        if old is not None and (old.payload, old.gid, old.dir_mode) == (
-            payload,
-            gid,
-            dir_mode,
-        ):  # (4)
+        removed = set(current.children or ()) - new_names if current is not None else set()  # (3)
+        if current is not None and _holds(current, payload, gid, dir_mode):  # (4)
             if missing:
                 await self._vfs("links", root, sorted(map(os.fsdecode, missing)))  # (10)
             return False
@@ -229,10 +200,9 @@ class Publisher:
             )
         finally:
             self._tree.unstage(volume_dir, name)
-        self._versions[volume] = Version(name, payload, gid, dir_mode)
         self._publishes += 1
         if old is not None:  # (12)
-            self._remove_later(root / os.fsdecode(old.name))
+            self._remove_later(root / os.fsdecode(old))
         return True
 
     def _create(
@@ -261,11 +231,11 @@ class Publisher:
                 target = DATA + b"/" + top
                 tree.link(root, top, tree.new_symlink(target, gid=link_gid, mtime_ns=now))
         self._tree.add(self._tree.root, volume, root)
-        self._versions[volume] = Version(name, payload, gid, dir_mode)
         self._publishes += 1
 
     def statistics(self) -> PublisherStatistics:
-        return PublisherStatistics(len(self._versions), self._publishes, self._pending_removals)
+        volumes = len(self._tree.root.children or ())
+        return PublisherStatistics(volumes, self._publishes, self._pending_removals)
 
     def _unused_name(self, volume_dir: Node) -> bytes:
         stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime()).encode()
@@ -318,14 +288,33 @@ class Publisher:
         helper.kill()
 
 
-def _files(directory: Node, prefix: str = "") -> Iterator[tuple[str, FileProjection]]:
-    """A version directory's files as the payload they were built from (`Tree.build_version`)."""
-    for name, node in (directory.children or {}).items():
-        path = prefix + os.fsdecode(name)
-        if node.is_dir:
-            yield from _files(node, path + "/")
-        else:
-            yield path, FileProjection(node.data, node.mode & 0o7777, node.uid or None)
+def _holds(version: Node, payload: Payload, gid: int | None, dir_mode: int) -> bool:
+    """True if `version` serves `payload` as `Tree.build_version(payload, dir_mode=dir_mode,
+    gid=gid)` would: the same files, each with its content, mode and owner, and the same group
+    and directory mode."""
+    if (version.mode & 0o7777, version.gid) != (dir_mode, gid or 0):
+        return False
+    files = 0
+    for path, projection in payload.items():
+        node: Node | None = version
+        for name in path.encode().split(b"/"):
+            node = (node.children or {}).get(name) if node is not None else None
+        if node is None or node.is_dir:
+            return False
+        if (node.content, node.mode & 0o7777, node.uid) != (
+            projection.data,
+            projection.mode,
+            projection.fs_user or 0,
+        ):
+            return False
+        files += 1
+    return files == _count_files(version)
+
+
+def _count_files(directory: Node) -> int:
+    return sum(
+        _count_files(node) if node.is_dir else 1 for node in (directory.children or {}).values()
+    )
 
 
 def _top_level(payload: Payload) -> set[bytes]:

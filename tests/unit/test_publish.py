@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 
-from fusevol.fuse.publish import Publisher, VolumeDir
+from fusevol.fuse.publish import Publisher, VolumeDir, _holds
 from fusevol.fuse.tree import Tree
+from fusevol.model import FileProjection
 from tests.unit.test_tree import PAYLOAD, VOL, Clock, walk
 
 
@@ -26,3 +28,52 @@ def test_a_new_volume_is_made_at_one_clock_reading_held_once() -> None:
     assert len(nodes) == 11
     assert {id(node.mtime_ns) for node in nodes} == {id(volume.mtime_ns)}
     assert volume.mtime_ns < tree.root.mtime_ns == clock.now
+
+
+@pytest.mark.parametrize(
+    ("payload", "gid", "dir_mode", "holds"),
+    [
+        pytest.param(PAYLOAD, 2000, 0o2755, True, id="as-built"),
+        pytest.param(
+            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o644, fs_user=0)},
+            2000,
+            0o2755,
+            True,
+            id="owner-0-is-no-owner",
+        ),
+        pytest.param(
+            {**PAYLOAD, "a.conf": FileProjection(b"alpha2", 0o644)}, 2000, 0o2755, False, id="data"
+        ),
+        pytest.param(
+            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o600)}, 2000, 0o2755, False, id="mode"
+        ),
+        pytest.param(
+            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o644, fs_user=7)},
+            2000,
+            0o2755,
+            False,
+            id="owner",
+        ),
+        pytest.param(PAYLOAD, 2001, 0o2755, False, id="group"),
+        pytest.param(PAYLOAD, 2000, 0o755, False, id="directory-mode"),
+        pytest.param(
+            {k: v for k, v in PAYLOAD.items() if k != "dir/sub/c"},
+            2000,
+            0o2755,
+            False,
+            id="a-file-less",
+        ),
+        pytest.param(
+            {**PAYLOAD, "dir/d": FileProjection(b"", 0o644)}, 2000, 0o2755, False, id="a-file-more"
+        ),
+        pytest.param(
+            {**PAYLOAD, "dir": FileProjection(b"", 0o644)}, 2000, 0o2755, False, id="dir-as-file"
+        ),
+    ],
+)
+def test_a_version_holds_a_payload_only_if_built_from_the_same(
+    payload: dict[str, FileProjection], gid: int, dir_mode: int, holds: bool
+) -> None:
+    tree = Tree()
+    version = tree.build_version(PAYLOAD, dir_mode=0o2755, gid=2000)
+    assert _holds(version, payload, gid, dir_mode) is holds
