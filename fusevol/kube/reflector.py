@@ -166,6 +166,18 @@ class Flag:
             await self._event.wait()
 
 
+_SET = Flag()
+_SET.set()
+
+
+def _raised(flag: Flag) -> Flag:
+    """Set `flag` (its waiters wake) and give the one flag all reflectors share once theirs is
+    set, to hold in its stead: three flags of 48 bytes on each of thousands of reflectors, set
+    for good within a second of their start."""
+    flag.set()
+    return _SET
+
+
 @dataclass(slots=True)
 class ReflectorStatistics:
     lists: int = 0
@@ -214,12 +226,15 @@ class Reflector:
         self._client = client
         self.query = query
         self._handler = handler
-        self._backoff = backoff or Backoff()
+        self._backoff = backoff
+        """(5)'s, made at the first failure (`_failing`) unless given."""
         self._expiring = False
         """A 410 came, and no event since: (4) backs off on the next one."""
         self._expiry_backoff: Backoff | None = None
         """(4)'s, made at the second 410 in a row."""
         self.synced = Flag()
+        """Set by the first list. A flag once set is the one all reflectors share (`_raised`):
+        to be read through the reflector, never kept."""
         self.settled = Flag()
         """Set by the first list, or the first refusal (5)."""
         self.started = Flag()
@@ -273,9 +288,10 @@ class Reflector:
             del horizon[self.query.kind]
         self.refused = ""
         await self._handler.on_replace(items)
-        self.synced.set()
-        self.settled.set()
-        self._backoff.reset()
+        self.synced = _raised(self.synced)
+        self.settled = _raised(self.settled)
+        if self._backoff is not None:
+            self._backoff.reset()
         return str(version)
 
     async def _list_from(self, resource_version: str) -> tuple[list[Obj], str]:
@@ -289,7 +305,7 @@ class Reflector:
 
     def close(self) -> None:
         """Close the watch (a parked reflector's: it has no task to cancel). Idempotent."""
-        self.started.set()
+        self.started = _raised(self.started)
         if (stream := self._stream) is not None:
             self._stream = None
             stream.close()
@@ -316,7 +332,7 @@ class Reflector:
             while self._stream is stream:
                 if self._resume is not None and not stream.ready():
                     stream.park(self._resume)
-                    self.started.set()
+                    self.started = _raised(self.started)
                     return True
                 if (event := await stream.next_event()) is None:  # (3)
                     break
@@ -338,7 +354,8 @@ class Reflector:
             raise ApiError(code, obj.get("reason", ""), obj.get("message", ""))
         version = str(obj.get("metadata", {}).get("resourceVersion") or self._version)
         self._version = self.stats.resource_version = version
-        self._backoff.reset()
+        if self._backoff is not None:
+            self._backoff.reset()
         self._expiring = False
         self._expiry_backoff = None
         if kind == "BOOKMARK":
@@ -369,27 +386,36 @@ class Reflector:
                 )
             return
         if self._expiry_backoff is None:
-            self._expiry_backoff = Backoff(self._backoff.initial_s, self._backoff.max_s)
+            backoff = self._failing()
+            self._expiry_backoff = Backoff(backoff.initial_s, backoff.max_s)
         delay = self._expiry_backoff.next_delay()
         log.debug("watch expired again, relisting query=%s in=%.1fs: %s", self.query, delay, exc)
         await trio.sleep(delay)
 
+    def _failing(self) -> Backoff:
+        if self._backoff is None:
+            self._backoff = Backoff()
+        return self._backoff
+
     async def _unreachable(self, exc: ApiUnreachable) -> None:
         """(5) when nothing could be sent: until the client reaches the server again."""
         self.stats.failures += 1
-        self._backoff.failures += 1
+        self._failing().failures += 1
         log.debug("API server unreachable query=%s error=%s", self.query, exc)
         await self._client.wait_reachable()
         await trio.sleep(random.uniform(0, RESUME_JITTER_S))
 
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
-        self.started.set()  # this object's own trouble, maybe: not the turn of others
-        delay = self._backoff.next_delay()
-        first = self._backoff.failures <= 1
+        self.started = _raised(
+            self.started
+        )  # this object's own trouble, maybe: not the turn of others
+        backoff = self._failing()
+        delay = backoff.next_delay()
+        first = backoff.failures <= 1
         if isinstance(exc, ApiError) and exc.code in (401, 403):
             self.refused = str(exc)
-            self.settled.set()
+            self.settled = _raised(self.settled)
             level = logging.ERROR if first else logging.DEBUG
             log.log(level, "read refused query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
         else:  # a connection lost under all its streams was said once, by the client

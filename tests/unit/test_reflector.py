@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 import trio
+import trio.testing
 
 from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable, behind_horizon
 from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Callbacks, Query, Reflector
@@ -353,3 +354,37 @@ async def test_a_start_is_over_at_a_failure_of_its_own_not_while_no_server_answe
             await reflector.started.wait()
         assert (reflector.stats.failures, client.streams) == (2, [])
         nursery.cancel_scope.cancel()
+
+
+async def test_set_flags_are_one_object_for_all_reflectors_and_their_waiters_wake() -> None:
+    """Thousands of reflectors hold their flags for hours once set: each holds the one set flag
+    then, and a backoff only from its first failure."""
+    client = ScriptedClient(items=[configmap("10")])
+    reflectors = [
+        Reflector(client=cast("KubeClient", client), query=QUERY, handler=Callbacks(noop, noop))
+        for _ in range(2)
+    ]
+    woken: list[Reflector] = []
+
+    async def wait_synced(reflector: Reflector) -> None:
+        await reflector.synced.wait()
+        woken.append(reflector)
+
+    async with trio.open_nursery() as nursery:
+        for reflector in reflectors:
+            nursery.start_soon(wait_synced, reflector)
+        await trio.testing.wait_all_tasks_blocked()
+        for reflector in reflectors:
+            nursery.start_soon(reflector.run)
+        with trio.fail_after(5):
+            while len(client.streams) < 2 or len(woken) < 2:
+                await trio.sleep(0.001)
+        first, second = reflectors
+        assert first.synced is second.synced is first.settled is second.settled
+        assert first.synced.is_set()
+        assert first._backoff is None
+        nursery.cancel_scope.cancel()
+
+
+async def noop(*_: object) -> None:
+    pass
