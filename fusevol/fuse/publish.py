@@ -22,6 +22,7 @@ can afford because unlinked dentries stay valid for those who hold them.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import random
@@ -81,6 +82,7 @@ class Publisher:
         self._helpers: dict[int, HelperProcess] = {}
         self._available = trio.Semaphore(HELPERS)
         self._leftovers: list[tuple[str, Path]] = []
+        self._last_name = b"-"
 
     def adopt(self) -> None:
         """Take the volumes of a restored tree (a predecessor's, `fusevol.fuse.snapshot`) as
@@ -228,8 +230,8 @@ class Publisher:
         tree.link(root, DATA, tree.new_symlink(name, gid=link_gid, mtime_ns=now))
         for top in sorted(_top_level(payload)):
             if tree.child(root, top) is None:
-                target = DATA + b"/" + top
-                tree.link(root, top, tree.new_symlink(target, gid=link_gid, mtime_ns=now))
+                link = tree.new_symlink(_link_target(top), gid=link_gid, mtime_ns=now)
+                tree.link(root, top, link)
         self._tree.add(self._tree.root, volume, root)
         self._publishes += 1
 
@@ -238,10 +240,18 @@ class Publisher:
         return PublisherStatistics(volumes, self._publishes, self._pending_removals)
 
     def _unused_name(self, volume_dir: Node) -> bytes:
+        """A version directory name, `..<UTC time>.<random>`, that `volume_dir` does not hold.
+        The volumes made within one second share one (a name need only be new in its own
+        directory): one bytes object for thousands of volumes made at a start, where each
+        made its own (64 bytes, held by the volume and its `..data`)."""
         stamp = time.strftime("..%Y_%m_%d_%H_%M_%S.", time.gmtime()).encode()
+        name = self._last_name
+        if name.startswith(stamp) and self._tree.child(volume_dir, name) is None:
+            return name
         while True:
             name = stamp + str(random.getrandbits(32)).encode()
             if self._tree.child(volume_dir, name) is None:
+                self._last_name = name
                 return name
 
     def _remove_later(self, path: Path, op: str = "rmdir") -> None:
@@ -315,6 +325,12 @@ def _count_files(directory: Node) -> int:
     return sum(
         _count_files(node) if node.is_dir else 1 for node in (directory.children or {}).values()
     )
+
+
+@functools.lru_cache(maxsize=1024)
+def _link_target(top: bytes) -> bytes:
+    """`..data/<top>`: one bytes object for the links of that name of every volume made here."""
+    return DATA + b"/" + top
 
 
 def _top_level(payload: Payload) -> set[bytes]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,33 @@ def test_a_new_volume_is_made_at_one_clock_reading_held_once() -> None:
     assert len(nodes) == 11
     assert {id(node.mtime_ns) for node in nodes} == {id(volume.mtime_ns)}
     assert volume.mtime_ns < tree.root.mtime_ns == clock.now
+
+
+def test_volumes_made_together_share_their_version_name_and_link_targets(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(time, "gmtime", lambda *_: time.struct_time((2026, 1, 2, 3, 4, 5, 4, 2, 0)))
+    tree = Tree()
+    publisher = Publisher(tree, mountpoint=Path("/nonexistent"), grace_s=1)
+
+    async def make() -> None:
+        for volume in (b"uid-1_cfg", b"uid-2_cfg"):
+            await publisher.publish(volume, PAYLOAD, new=VolumeDir(0o777))
+
+    trio.run(make)
+    first, second = (tree.child(tree.root, v) for v in (b"uid-1_cfg", b"uid-2_cfg"))
+    assert first is not None
+    assert second is not None
+    data = [tree.child(volume, b"..data") for volume in (first, second)]
+    links = [tree.child(volume, b"a.conf") for volume in (first, second)]
+    assert data[0] is not None
+    assert data[1] is not None
+    assert links[0] is not None
+    assert links[1] is not None
+    assert data[0].target.startswith(b"..2026_01_02_03_04_05.")  # kubelet's form
+    assert data[0].target is data[1].target
+    assert links[0].target == b"..data/a.conf"
+    assert links[0].target is links[1].target
 
 
 @pytest.mark.parametrize(
