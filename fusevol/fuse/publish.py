@@ -308,7 +308,7 @@ def _holds(version: Node, payload: Payload, gid: int | None, dir_mode: int) -> b
     for path, projection in payload.items():
         node: Node | None = version
         for name in path.encode().split(b"/"):
-            node = (node.children or {}).get(name) if node is not None else None
+            node = node.children.get(name) if node is not None and node.children else None
         if node is None or node.is_dir:
             return False
         if (node.content, node.mode & 0o7777, node.uid) != (

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from fusevol.base.errors import FusevolError
 from fusevol.fuse.session import Connection, can_take_over
-from fusevol.fuse.tree import Node, Tree
+from fusevol.fuse.tree import Entries, Node, Tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -279,7 +279,7 @@ def _nodes(records: list[_NodeRecord]) -> dict[int, Node]:
             gid,
             mtime_ns,
             content=target if stat.S_ISLNK(mode) else data,
-            children={} if stat.S_ISDIR(mode) else None,
+            children=Entries() if stat.S_ISDIR(mode) else None,
             nlookup=nlookup,
         )
     for inode, *_, children, _ in records:

@@ -142,7 +142,8 @@ def test_restored_symlinks_and_modes() -> None:
     assert data.target == b"..v1"
     secret = restored.child(restored.child(restored[volume.inode], b"..v1"), b"dir")  # type: ignore[arg-type]
     assert secret is not None
-    assert (secret.children or {})[b"b.txt"].mode == stat.S_IFREG | 0o600
+    assert secret.children is not None
+    assert secret.children[b"b.txt"].mode == stat.S_IFREG | 0o600
 
 
 def test_lookups_alone_do_not_grow_the_memfd_without_bound() -> None:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.fuse.tree import ROOT_INODE, Node, Tree
+from fusevol.fuse.tree import ROOT_INODE, Entries, Node, Tree
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
@@ -322,7 +322,7 @@ def test_rename_refused_changes_nothing(
     before = dict(published.volume.children or {})
     with errno_is(code):
         tree.rename(published.volume.inode, old, published.volume.inode, new)
-    assert published.volume.children == before
+    assert dict(published.volume.children or {}) == before
 
 
 @pytest.mark.parametrize(
@@ -366,7 +366,7 @@ def test_unlink_and_rmdir_refused_change_nothing(
     before = dict(published.volume.children or {})
     with errno_is(code):
         remove(tree, published.volume.inode, name)
-    assert published.volume.children == before
+    assert dict(published.volume.children or {}) == before
 
 
 def test_rmdir_of_a_non_empty_directory_detaches_the_subtree(
@@ -523,3 +523,40 @@ def test_statistics_counts_nodes_detached_and_staged(tree: Tree, published: Publ
     tree.stage(published.volume, V2, tree.new_dir(mode=0o755))
     stats = tree.statistics()
     assert (stats.nodes, stats.detached_known, stats.staged) == (11, 1, 1)
+
+
+# -- a directory's entries -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [1, 3, 8, 9, 40], ids=lambda n: f"{n}-entries")
+def test_entries_behave_as_the_dict_they_stand_for(tree: Tree, count: int) -> None:
+    entries, model = Entries(), {}
+    nodes = [tree.new_file(b"", mode=0o644) for _ in range(count + 1)]
+    for i in range(count):
+        entries[b"n%d" % i] = model[b"n%d" % i] = nodes[i]
+    entries[b"n0"] = model[b"n0"] = nodes[count]  # replaced where it stands
+    assert list(entries.items()) == list(model.items())
+    assert (list(entries), list(entries.values()), len(entries)) == (
+        list(model),
+        list(model.values()),
+        len(model),
+    )
+    assert entries.get(b"n0") is nodes[count]
+    assert entries.get(b"absent") is None
+    assert b"n0" in entries
+    assert nodes[1] not in entries  # a node is never taken for a name
+    del entries[b"n0"], model[b"n0"]
+    assert dict(entries) == model
+    assert b"n0" not in entries
+    with pytest.raises(KeyError):
+        del entries[b"n0"]
+    with pytest.raises(KeyError):
+        entries[b"n0"]
+
+
+def test_a_small_directory_costs_a_third_of_a_dict(tree: Tree) -> None:
+    entries = Entries()
+    for name in (b"..data", b"..2026_01_01_00_00_00.1", b"a.conf"):
+        entries[name] = tree.new_file(b"", mode=0o644)
+    held = sys.getsizeof(entries) + sys.getsizeof(entries._items)
+    assert held <= sys.getsizeof(dict(entries)) * 2 // 3
