@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from fusevol.base.helper_parent import HelperProcess
-from fusevol.fuse.tree import symlink_gid
+from fusevol.fuse.tree import names, symlink_gid
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 
 if TYPE_CHECKING:
@@ -307,7 +307,7 @@ def _holds(version: Node, payload: Payload, gid: int | None, dir_mode: int) -> b
     files = 0
     for path, projection in payload.items():
         node: Node | None = version
-        for name in path.encode().split(b"/"):
+        for name in names(path):
             node = node.children.get(name) if node is not None and node.children else None
         if node is None or node.is_dir:
             return False
@@ -334,7 +334,7 @@ def _link_target(top: bytes) -> bytes:
 
 
 def _top_level(payload: Payload) -> set[bytes]:
-    return {path.split("/", 1)[0].encode() for path in payload}
+    return {names(path)[0] for path in payload}
 
 
 def _jsonable(value: object) -> object:

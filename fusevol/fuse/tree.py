@@ -32,6 +32,7 @@ Errors are raised as `OSError(errno, ...)`; the FUSE adapter turns them into `FU
 from __future__ import annotations
 
 import errno
+import functools
 import stat
 import time
 from dataclasses import dataclass
@@ -309,7 +310,7 @@ class Tree:
         created = top.mtime_ns  # one int for all (`now_ns`)
         for path in sorted(payload):
             projection = payload[path]
-            *dirs, base = path.encode().split(b"/")
+            *dirs, base = names(path)
             parent = top
             for name in dirs:
                 assert parent.children is not None
@@ -511,6 +512,14 @@ class Tree:
         now = self._clock_ns()
         for directory in directories:
             directory.mtime_ns = now
+
+
+@functools.lru_cache(maxsize=4096)
+def names(path: str) -> tuple[bytes, ...]:
+    """A payload path's names, encoded: the same bytes objects for every volume whose payload
+    has that path (most volumes of a cluster share a few key names, each a directory entry and
+    a link name in every volume)."""
+    return tuple(path.encode().split(b"/"))
 
 
 def symlink_gid(parent: Node) -> int:

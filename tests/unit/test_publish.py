@@ -56,6 +56,9 @@ def test_volumes_made_together_share_their_version_name_and_link_targets(
     assert data[0].target is data[1].target
     assert links[0].target == b"..data/a.conf"
     assert links[0].target is links[1].target
+    names = [[name for name, _ in tree.entries(volume, 0)] for volume in (first, second)]
+    assert names[0] == names[1]
+    assert all(a is b for a, b in zip(*names, strict=True))  # each name one object for both
 
 
 @pytest.mark.parametrize(
