@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import trio
@@ -12,6 +13,9 @@ from fusevol.fuse.publish import Publisher, VolumeDir, _holds
 from fusevol.fuse.tree import Tree
 from fusevol.model import FileProjection
 from tests.unit.test_tree import PAYLOAD, VOL, Clock, walk
+
+if TYPE_CHECKING:
+    from fusevol.model import Payload
 
 
 def test_a_new_volume_is_made_at_one_clock_reading_held_once() -> None:
@@ -61,50 +65,37 @@ def test_volumes_made_together_share_their_version_name_and_link_targets(
     assert all(a is b for a, b in zip(*names, strict=True))  # each name one object for both
 
 
+def with_a_conf(data: bytes = b"alpha", mode: int = 0o644, owner: int | None = None) -> Payload:
+    return {**PAYLOAD, "a.conf": FileProjection(data, mode, fs_user=owner)}
+
+
+AS_BUILT = (2000, 0o2755)
+
+
 @pytest.mark.parametrize(
-    ("payload", "gid", "dir_mode", "holds"),
+    ("payload", "group_and_mode", "holds"),
     [
-        pytest.param(PAYLOAD, 2000, 0o2755, True, id="as-built"),
-        pytest.param(
-            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o644, fs_user=0)},
-            2000,
-            0o2755,
-            True,
-            id="owner-0-is-no-owner",
-        ),
-        pytest.param(
-            {**PAYLOAD, "a.conf": FileProjection(b"alpha2", 0o644)}, 2000, 0o2755, False, id="data"
-        ),
-        pytest.param(
-            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o600)}, 2000, 0o2755, False, id="mode"
-        ),
-        pytest.param(
-            {**PAYLOAD, "a.conf": FileProjection(b"alpha", 0o644, fs_user=7)},
-            2000,
-            0o2755,
-            False,
-            id="owner",
-        ),
-        pytest.param(PAYLOAD, 2001, 0o2755, False, id="group"),
-        pytest.param(PAYLOAD, 2000, 0o755, False, id="directory-mode"),
+        pytest.param(PAYLOAD, AS_BUILT, True, id="as-built"),
+        pytest.param(with_a_conf(owner=0), AS_BUILT, True, id="owner-0-is-no-owner"),
+        pytest.param(with_a_conf(data=b"alpha2"), AS_BUILT, False, id="data"),
+        pytest.param(with_a_conf(mode=0o600), AS_BUILT, False, id="mode"),
+        pytest.param(with_a_conf(owner=7), AS_BUILT, False, id="owner"),
+        pytest.param(PAYLOAD, (2001, 0o2755), False, id="group"),
+        pytest.param(PAYLOAD, (2000, 0o755), False, id="directory-mode"),
         pytest.param(
             {k: v for k, v in PAYLOAD.items() if k != "dir/sub/c"},
-            2000,
-            0o2755,
+            AS_BUILT,
             False,
             id="a-file-less",
         ),
-        pytest.param(
-            {**PAYLOAD, "dir/d": FileProjection(b"", 0o644)}, 2000, 0o2755, False, id="a-file-more"
-        ),
-        pytest.param(
-            {**PAYLOAD, "dir": FileProjection(b"", 0o644)}, 2000, 0o2755, False, id="dir-as-file"
-        ),
+        pytest.param({**PAYLOAD, "dir/d": PAYLOAD["a.conf"]}, AS_BUILT, False, id="a-file-more"),
+        pytest.param({**PAYLOAD, "dir": PAYLOAD["a.conf"]}, AS_BUILT, False, id="dir-as-file"),
     ],
 )
 def test_a_version_holds_a_payload_only_if_built_from_the_same(
-    payload: dict[str, FileProjection], gid: int, dir_mode: int, holds: bool
+    payload: Payload, group_and_mode: tuple[int, int], holds: bool
 ) -> None:
     tree = Tree()
     version = tree.build_version(PAYLOAD, dir_mode=0o2755, gid=2000)
+    gid, dir_mode = group_and_mode
     assert _holds(version, payload, gid, dir_mode) is holds
