@@ -157,6 +157,8 @@ def mount_subpath(pod: Pod, container: Container, index: int) -> str:
     """The subPath of `container`'s mount `index` (subPathExpr expanded), checked and cleaned;
     empty for none. Raises SubPathError."""
     mount = container.volume_mounts[index]
+    if not (mount.sub_path or mount.sub_path_expr):
+        return ""
     what = f"container {container.name!r} volumeMount {index} ({mount.name} at {mount.mount_path})"
     sub_path = mount.sub_path
     if mount.sub_path_expr:
@@ -179,6 +181,15 @@ def mount_subpath(pod: Pod, container: Container, index: int) -> str:
 
 
 # -- what the agent publishes ---------------------------------------------------------------------
+
+
+def has_subpaths(pod: Pod) -> bool:
+    """Whether a mount of the pod's containers has a subPath or a subPathExpr."""
+    return any(
+        mount.sub_path or mount.sub_path_expr
+        for container in (*pod.init_containers, *pod.containers)
+        for mount in container.volume_mounts
+    )
 
 
 def container_mounts(pod: Pod) -> list[dict[str, Any]]:

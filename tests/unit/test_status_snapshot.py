@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import trio
 import trio.testing
@@ -183,3 +183,30 @@ def test_at_rest_comes_before_each_snapshot_is_written(tmp_path: Path) -> None:
             nursery.cancel_scope.cancel()
 
     trio.run(main)
+
+
+def test_container_mounts_are_kept_only_for_pods_whose_subpaths_cost_an_expansion(
+    tmp_path: Path,
+) -> None:
+    status = reporter(tmp_path)
+    mounts = "volumeMounts: [{name: v, mountPath: /m, subPathExpr: $(POD)}]"
+    env = "env: [{name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}]"
+    text = (
+        "kind: Pod\nmetadata: {name: sub, uid: 00000000-0000-4000-8000-999999999999}\n"
+        f"spec:\n  containers: [{{name: c, {mounts}, {env}}}]\n"
+        "  volumes: [{name: v, emptyDir: {}}]\n"
+    )
+    [pod] = parse_manifest(text.encode(), origin="pods.yaml")
+    assert isinstance(pod, Pod)
+    status._desired.set_pod(pod, ())
+
+    async def snapshot() -> dict[str, Any]:
+        return {p["name"]: p["containers"] for p in status.snapshot()["pods"]}
+
+    first, second = trio.run(snapshot), trio.run(snapshot)
+
+    assert first["sub"][0]["mounts"][0]["subPath"] == "sub"
+    assert second["sub"] is first["sub"]  # kept: the same pod object
+    assert first["p000"] == [{"name": "c", "init": False, "mounts": []}]
+    assert second["p000"] is not first["p000"]  # made again: nothing costly to keep
+    assert list(status._mounts) == [pod.uid]
