@@ -407,9 +407,8 @@ class Reflector:
 
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
-        self.started = _raised(
-            self.started
-        )  # this object's own trouble, maybe: not the turn of others
+        # this object's own trouble, maybe: not the turn of others
+        self.started = _raised(self.started)
         backoff = self._failing()
         delay = backoff.next_delay()
         first = backoff.failures <= 1
