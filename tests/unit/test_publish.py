@@ -1,4 +1,5 @@
-"""The publisher's first version of a volume, built in memory and attached whole (no FUSE mount)."""
+"""The publisher without a FUSE mount: a volume's first version, built in memory and attached
+whole, and the comparison that tells an unchanged payload (AtomicWriter's step 4)."""
 
 from __future__ import annotations
 
