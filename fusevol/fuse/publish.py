@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from fusevol.base.helper_parent import HelperProcess
-from fusevol.fuse.tree import names, symlink_gid
+from fusevol.fuse.tree import names, symlink_gid, walk
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 
 if TYPE_CHECKING:
@@ -318,13 +318,7 @@ def _holds(version: Node, payload: Payload, gid: int | None, dir_mode: int) -> b
         ):
             return False
         files += 1
-    return files == _count_files(version)
-
-
-def _count_files(directory: Node) -> int:
-    return sum(
-        _count_files(node) if node.is_dir else 1 for node in (directory.children or {}).values()
-    )
+    return files == sum(1 for node in walk(version) if not node.is_dir)
 
 
 @functools.lru_cache(maxsize=1024)

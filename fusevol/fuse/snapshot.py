@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING
 
 from fusevol.base.errors import FusevolError
 from fusevol.fuse.session import Connection, can_take_over
-from fusevol.fuse.tree import Entries, Node, Tree
+from fusevol.fuse.tree import Entries, Node, Tree, walk
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -147,7 +147,7 @@ class Journal:
 
     def attached(self, parent: Node, name: bytes, node: Node) -> None:
         """`node` (a new subtree: mkdir, symlink) was attached at `parent/name`."""
-        self._append(b"A" + pickle.dumps((parent.inode, name, [_record(n) for n in _walk(node)])))
+        self._append(b"A" + pickle.dumps((parent.inode, name, [_record(n) for n in walk(node)])))
 
     def renamed(self, old_parent: Node, old: bytes, new_parent: Node, new: bytes) -> None:
         self._append(b"R" + pickle.dumps((old_parent.inode, old, new_parent.inode, new)))
@@ -305,12 +305,6 @@ def _record(node: Node) -> _NodeRecord:
         children,
         node.nlookup,
     )
-
-
-def _walk(node: Node) -> Iterator[Node]:
-    yield node
-    for child in (node.children or {}).values():
-        yield from _walk(child)
 
 
 def _read(fd: int, offset: int, length: int) -> bytes:

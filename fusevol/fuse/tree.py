@@ -266,7 +266,7 @@ class Tree:
         seen: dict[int, Node] = {}
         for node in list(self._nodes.values()):
             if node.inode not in seen:
-                for each in _walk(node):
+                for each in walk(node):
                     seen.setdefault(each.inode, each)
         return list(seen.values())
 
@@ -422,7 +422,7 @@ class Tree:
         """Attach `node` (its lookup count as recorded) at `parent/name`: a recorded mkdir or
         symlink replayed (`fusevol.fuse.snapshot`). Numbers above it are never handed out."""
         self._attach(parent, name, node)
-        self._next_inode = max(self._next_inode, *(n.inode + 1 for n in _walk(node)))
+        self._next_inode = max(self._next_inode, *(n.inode + 1 for n in walk(node)))
 
     def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
         old_parent = self._directory(old_parent_inode)
@@ -497,13 +497,13 @@ class Tree:
 
     def _attach(self, parent: Node, name: bytes, node: Node) -> None:
         _link(parent, name, node)
-        for each in _walk(node):
+        for each in walk(node):
             each.attached = True
             self._nodes[each.inode] = each
         self._touch(parent)
 
     def _detach(self, node: Node) -> None:
-        for each in _walk(node):
+        for each in walk(node):
             each.attached = False
             if each.nlookup == 0:
                 self._nodes.pop(each.inode, None)
@@ -533,8 +533,9 @@ def _link(parent: Node, name: bytes, node: Node) -> None:
     node.parent = parent
 
 
-def _walk(node: Node) -> Iterator[Node]:
+def walk(node: Node) -> Iterator[Node]:
+    """`node` and every node below it, parents first."""
     yield node
     if node.children:
         for child in node.children.values():
-            yield from _walk(child)
+            yield from walk(child)
