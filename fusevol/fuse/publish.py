@@ -232,7 +232,7 @@ class Publisher:
             if tree.child(root, top) is None:
                 link = tree.new_symlink(_link_target(top), gid=link_gid, mtime_ns=now)
                 tree.link(root, top, link)
-        self._tree.add(self._tree.root, volume, root)
+        tree.add(tree.root, volume, root)
         self._publishes += 1
 
     def statistics(self) -> PublisherStatistics:
