@@ -45,6 +45,7 @@ import trio
 import fusevol
 from fusevol.base.errors import FusevolError
 from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
+from fusevol.kube.listing import Items, lazy_list
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -66,8 +67,9 @@ REQUESTS_IN_FLIGHT = 64
 watches opened at once are a queue, not a burst that the server's priority and fairness would
 answer with 429s, and they stay within one connection's streams."""
 LARGE_BODY = 1 << 18
-"""An answer this long (a list of thousands of pods) is decoded in a worker thread: json holds the
-GIL, but not for longer than its switch interval while the trio thread has work."""
+"""An answer this long (a list of thousands of pods) is decoded in a worker thread (a list's items
+then one at a time: `listing`): json holds the GIL, but not for longer than its switch interval
+while the trio thread has work."""
 CREDENTIALS_S = 10.0
 """How long an authorization header is used before the configuration is asked again (its
 refresh hook rereads the in-cluster token, or runs an exec plugin once the token expired)."""
@@ -243,14 +245,23 @@ class KubeClient:
         field_selector: str = "",
         label_selector: str = "",
         resource_version: str = "",
-    ) -> tuple[list[Obj], str]:
+    ) -> tuple[Items, str]:
         """(items, the list's resourceVersion). With `resource_version`, a state no older than it
-        (which the API server serves from its watch cache); without, the latest (from etcd)."""
+        (which the API server serves from its watch cache); without, the latest (from etcd). A
+        large answer's items are decoded one at a time, as they are read (`listing`)."""
         resource = RESOURCES[kind]
         query = {"fieldSelector": field_selector, "labelSelector": label_selector}
         if resource_version:
             query |= {"resourceVersion": resource_version, "resourceVersionMatch": "NotOlderThan"}
-        body = await self.request("GET", resource.path(namespace), query=query)
+        path = resource.path(namespace)
+        text = await self._read("GET", path, query)
+        if len(text) >= LARGE_BODY:
+            read = functools.partial(lazy_list, kind=kind.value, api_version=resource.api_version)
+            try:  # the trio thread runs meanwhile, at the GIL's switch interval
+                return await trio.to_thread.run_sync(read, text)
+            except ValueError as exc:
+                raise ApiUnavailable(f"{self.host}: GET {path}: not JSON: {exc}") from None
+        body = _decoded(self.host, "GET", path, text)
         items: list[Obj] = body.get("items") or []
         for item in items:  # items of a list carry no kind; the converter needs it
             item.setdefault("kind", kind.value)
@@ -357,26 +368,33 @@ class KubeClient:
     ) -> Obj:
         """One request and its whole JSON answer, within REQUEST_TIMEOUT_S."""
         data = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        text = await self._read(method, path, query or {}, data, content_type)
+        if len(text) < LARGE_BODY:
+            return _decoded(self.host, method, path, text)
+        # the trio thread runs meanwhile, at the GIL's switch interval
+        return await trio.to_thread.run_sync(_decoded, self.host, method, path, text)
+
+    async def _read(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, str],
+        data: bytes | None = None,
+        content_type: str = "application/json",
+    ) -> bytes:
+        """One request and its whole answer, within REQUEST_TIMEOUT_S."""
         try:
             async with self._in_flight:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
-                    response = await self._send(method, path, query or {}, data, content_type)
+                    response = await self._send(method, path, query, data, content_type)
                     try:
-                        text = await response.read()
+                        return await response.read()
                     except ConnectionLost as exc:
                         raise ApiUnavailable(str(exc), said=exc.said) from None
                     finally:
                         response.close()
         except trio.TooSlowError:
             raise ApiUnavailable(f"{self.host}: {method} {path}: timed out") from None
-        try:
-            if len(text) < LARGE_BODY:
-                result: Obj = json.loads(text)
-            else:  # the trio thread runs meanwhile, at the GIL's switch interval
-                result = await trio.to_thread.run_sync(json.loads, text)
-        except ValueError as exc:
-            raise ApiUnavailable(f"{self.host}: {method} {path}: not JSON: {exc}") from None
-        return result
 
     async def _send(
         self,
@@ -609,6 +627,14 @@ def _api_error(status: int, text: bytes) -> ApiError:
     except (ValueError, AttributeError):
         message = text[:200].decode(errors="replace")
     return ApiError(status, reason, message)
+
+
+def _decoded(host: str, method: str, path: str, text: bytes) -> Obj:
+    try:
+        result: Obj = json.loads(text)
+    except ValueError as exc:
+        raise ApiUnavailable(f"{host}: {method} {path}: not JSON: {exc}") from None
+    return result
 
 
 def _quote(part: str) -> str:

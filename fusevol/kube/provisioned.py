@@ -38,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.listing import Items
 
 log = logging.getLogger(__name__)
 
@@ -150,7 +151,7 @@ class KubeVolumeRecorder:
 
     # -- the mirror --------------------------------------------------------------------------------
 
-    async def _replace(self, items: list[Obj]) -> None:
+    async def _replace(self, items: Items) -> None:
         volumes = {}
         for raw in items:
             obj = convert(raw, origin=self._origin)

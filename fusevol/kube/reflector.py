@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from fusevol.kube.client import KubeClient, Obj, WatchStream
+    from fusevol.kube.listing import Items
     from fusevol.model import Kind
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ class Handler(Protocol):
     """What a reflector's items and events go to: an object with these two methods (a watched
     object's own, with no bound method kept for each of thousands), or `Callbacks`."""
 
-    def on_replace(self, items: list[Obj], /) -> Awaitable[None]:
+    def on_replace(self, items: Items, /) -> Awaitable[None]:
         """The complete current state (1); the list is the handler's: it may empty it."""
 
     def on_event(self, kind: str, obj: Obj, /) -> Awaitable[None]:
@@ -119,7 +120,7 @@ class Handler(Protocol):
 class Callbacks:
     """A `Handler` made of two functions."""
 
-    on_replace: Callable[[list[Obj]], Awaitable[None]]
+    on_replace: Callable[[Items], Awaitable[None]]
     on_event: Callable[[str, Obj], Awaitable[None]]
 
 
@@ -294,7 +295,7 @@ class Reflector:
             self._backoff.reset()
         return str(version)
 
-    async def _list_from(self, resource_version: str) -> tuple[list[Obj], str]:
+    async def _list_from(self, resource_version: str) -> tuple[Items, str]:
         return await self._client.list(
             self.query.kind,
             namespace=self.query.namespace,

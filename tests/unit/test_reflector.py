@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     from fusevol.kube.client import KubeClient
+    from fusevol.kube.listing import Items
 
 Obj = dict[str, Any]
 QUERY = Query(Kind.CONFIG_MAP, "default", "metadata.name=app")
@@ -133,7 +134,7 @@ async def mirror() -> AsyncIterator[Mirror]:
     client = ScriptedClient(items=[configmap("10")])
     calls: list[tuple[str, Any]] = []
 
-    async def on_replace(items: list[Obj]) -> None:
+    async def on_replace(items: Items) -> None:
         calls.append(("replace", [i["metadata"]["resourceVersion"] for i in items]))
 
     async def on_event(kind: str, obj: Obj) -> None:
@@ -238,7 +239,7 @@ async def test_a_failed_watch_retries_from_its_version_warning_once(
 
 
 def watch_with(client: ScriptedClient, calls: list[tuple[str, Any]]) -> Reflector:
-    async def on_replace(items: list[Obj]) -> None:
+    async def on_replace(items: Items) -> None:
         calls.append(("replace", [i["metadata"]["resourceVersion"] for i in items]))
 
     async def on_event(kind: str, obj: Obj) -> None:

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.listing import Items
     from fusevol.model import ObjectKey
     from fusevol.volumemanager.cache.store import ObjectStore
 
@@ -240,7 +241,7 @@ class _Watch:
             self.scope.cancel()
         self.reflector.close()
 
-    async def on_replace(self, items: list[Obj]) -> None:
+    async def on_replace(self, items: Items) -> None:
         if items:
             await self.on_event("ADDED", items[0])
         else:

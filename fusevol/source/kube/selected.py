@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.listing import Items
 
 SELECTED_NODE = "volume.kubernetes.io/selected-node"
 
@@ -45,7 +46,7 @@ class SelectedClaims:
     async def run(self) -> None:
         await self.reflector.run()
 
-    async def _replace(self, items: list[Obj]) -> None:
+    async def _replace(self, items: Items) -> None:
         self._set(frozenset(key for raw in items if (key := self._selected(raw)) is not None))
 
     async def _event(self, kind: str, raw: Obj) -> None:

@@ -93,6 +93,7 @@ if TYPE_CHECKING:
 
     from fusevol.base.settings import KubeSettings
     from fusevol.kube.client import ClientStatistics, Identity, KubeClient, Obj
+    from fusevol.kube.listing import Items
     from fusevol.kube.provisioned import KubeVolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
@@ -334,7 +335,7 @@ class KubeSource:
             api=self._client.statistics(),
         )
 
-    async def _replace_pods(self, items: list[Obj]) -> None:
+    async def _replace_pods(self, items: Items) -> None:
         """A (re)list: the complete set of this node's pods."""
         listed: dict[ObjectKey, Pod] = {}
         kept: set[ObjectKey] = set()  # listed, but invalid: their previous version stays
