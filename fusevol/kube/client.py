@@ -260,7 +260,7 @@ class KubeClient:
             try:  # the trio thread runs meanwhile, at the GIL's switch interval
                 return await trio.to_thread.run_sync(read, text)
             except ValueError as exc:
-                raise ApiUnavailable(f"{self.host}: GET {path}: not JSON: {exc}") from None
+                raise _not_json(self.host, "GET", path, exc) from None
         body = _decoded(self.host, "GET", path, text)
         items: list[Obj] = body.get("items") or []
         for item in items:  # items of a list carry no kind; the converter needs it
@@ -633,8 +633,12 @@ def _decoded(host: str, method: str, path: str, text: bytes) -> Obj:
     try:
         result: Obj = json.loads(text)
     except ValueError as exc:
-        raise ApiUnavailable(f"{host}: {method} {path}: not JSON: {exc}") from None
+        raise _not_json(host, method, path, exc) from None
     return result
+
+
+def _not_json(host: str, method: str, path: str, exc: ValueError) -> ApiUnavailable:
+    return ApiUnavailable(f"{host}: {method} {path}: not JSON: {exc}")
 
 
 def _quote(part: str) -> str:
