@@ -19,13 +19,14 @@ from typing import TYPE_CHECKING
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import pytest
 import trio
 
 from fusevol.kube import http2
 from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
-from tests.helpers.h2server import H2Server, certificates, paired_with
+from tests.helpers.h2server import DEFAULT_MAX_STREAMS, H2Server, certificates, paired_with
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -313,3 +314,60 @@ def test_headers_that_repeat_are_sent_once_per_connection() -> None:
         assert [(bytes(k), bytes(v)) for k, v in event.headers] == sent
     assert sizes[0] > len(token) // 2  # the token whole, Huffman-coded or not
     assert max(sizes[1:]) < 150, sizes
+
+
+def _answer(server: h2.connection.H2Connection, frames: bytes) -> bytes:
+    """The server's whole answer to each request in `frames`."""
+    for event in server.receive_data(frames):
+        if isinstance(event, h2.events.RequestReceived):
+            server.send_headers(event.stream_id, [(b":status", b"200")])
+            server.send_data(event.stream_id, b"ok", end_stream=True)
+    return server.data_to_send()
+
+
+def _exchange(client: h2.connection.H2Connection, server: h2.connection.H2Connection) -> None:
+    """One request, answered whole, its data given back to the flow-control windows."""
+    client.send_headers(client.get_next_available_stream_id(), headers("/"), end_stream=True)
+    for event in client.receive_data(_answer(server, client.data_to_send())):
+        if isinstance(event, h2.events.DataReceived):
+            client.acknowledge_received_data(event.flow_controlled_length, event.stream_id)
+    server.receive_data(client.data_to_send())
+
+
+def test_what_a_connection_keeps_of_its_closed_streams_does_not_grow_with_them() -> None:
+    """Each watch is a new stream every 5-10 minutes: what a long-lived connection keeps of the
+    streams it closed (h2's `_closed_streams`) must stay the same size however many it closes
+    (h2 alone keeps 65536)."""
+    client = http2.new_state()
+    server = paired_with(client)
+    kept = []
+    for _ in range(3):
+        for _ in range(1000):
+            _exchange(client, server)
+        kept.append(len(client._closed_streams))
+    assert kept[0] == kept[1] == kept[2] <= http2.CLOSED_STREAMS_KEPT
+
+
+def test_answers_that_crossed_the_reset_of_a_connections_every_stream_do_not_end_it() -> None:
+    """What the bound must still cover: a connection's whole stream limit reset at once before
+    their answers came (the node's pods deleted as their watches started), as many streams
+    closed after them, and only then the response headers the server had sent before it saw the
+    resets: ignored, not a protocol error that would end every other watch on the connection
+    (h2 needs the record of a reset for that)."""
+    client = http2.new_state()
+    server = paired_with(client, max_streams=DEFAULT_MAX_STREAMS)
+    held = []
+    for n in range(DEFAULT_MAX_STREAMS):
+        held.append(client.get_next_available_stream_id())
+        client.send_headers(held[-1], headers(f"/watch/{n}"), end_stream=True)
+    for event in server.receive_data(client.data_to_send()):
+        if isinstance(event, h2.events.RequestReceived):
+            server.send_headers(event.stream_id, [(b":status", b"200")])
+    crossing = server.data_to_send()  # on its way while the client resets
+    for stream_id in held:
+        client.reset_stream(stream_id, h2.errors.ErrorCodes.CANCEL)
+    server.receive_data(client.data_to_send())
+    for _ in range(DEFAULT_MAX_STREAMS):
+        _exchange(client, server)
+    assert client.receive_data(crossing) == []  # ProtocolError if a reset was forgotten
+    _exchange(client, server)  # the connection goes on
