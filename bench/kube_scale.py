@@ -2,7 +2,7 @@
 until every volume is mounted, edit latency, and a restart of the API server.
 
     flock /tmp/kit.lock .venv/bin/python bench/kube_scale.py --kubeconfig K \\
-        [--pods 100,1000,3000] [--edits 100] [--baseline REV --baseline-pods 600] \\
+        [--pods 100,1000,3000] [--edits 100] [--baseline REV --baseline-pods 600 --repeat K] \\
         [--restart-command 'CMD' --restart-pods 3000] [--server-streams 250]   (root: mounts)
 
 Never against a cluster that matters: it creates the namespace `fusevol-bench` and deletes it at
@@ -30,7 +30,9 @@ kubelet's figures beside, where they are known: its connections are client-go's,
 the server's SETTINGS_MAX_CONCURRENT_STREAMS: 250 by kube-apiserver's default), and an edit reaches
 its pods at its next sync (60-120 s by default); it runs at most 110 pods a node. `--baseline REV`
 runs fusevol of git revision REV (the agent before the HTTP/2 client: a connection and a thread
-per watch) at `--baseline-pods` in the same run, for the ratios.
+per watch) at `--baseline-pods` in the same run, for the ratios; `--repeat K` runs the two in
+turn K times and takes each figure's median (an agent's RSS varies by 2-4 MiB from one to the
+next, more than a change of a few hundred bytes per object).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
+import dataclasses
 import itertools
 import json
 import math
@@ -427,6 +430,13 @@ def main() -> None:
     parser.add_argument("--edits", type=int, default=100)
     parser.add_argument("--baseline", metavar="REV", help="git revision of the agent to compare")
     parser.add_argument("--baseline-pods", type=int, default=600)
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        metavar="K",
+        help="run the baseline and this code in turn K times (RSS varies 2-4 MiB an agent)",
+    )
     parser.add_argument("--restart-command", help="kills the API server and restarts it")
     parser.add_argument("--restart-pods", type=int, default=0, help="default: the largest N")
     parser.add_argument(
@@ -449,19 +459,20 @@ def main() -> None:
         if args.baseline:
             with tempfile.TemporaryDirectory() as old:
                 tree = baseline_tree(args.baseline, Path(old))
-                rows.append(
-                    measure(
-                        cluster,
-                        args.kubeconfig,
-                        args.baseline_pods,
-                        args.edits,
-                        label=f"fusevol {args.baseline}",
-                        pythonpath=tree,
+                for _ in range(args.repeat):
+                    rows.append(
+                        measure(
+                            cluster,
+                            args.kubeconfig,
+                            args.baseline_pods,
+                            args.edits,
+                            label=f"fusevol {args.baseline}",
+                            pythonpath=tree,
+                        )
                     )
-                )
-                print(rows[-1], flush=True)
-            rows.append(measure(cluster, args.kubeconfig, args.baseline_pods, args.edits))
-            print(rows[-1], flush=True)
+                    print(rows[-1], flush=True)
+                    rows.append(measure(cluster, args.kubeconfig, args.baseline_pods, args.edits))
+                    print(rows[-1], flush=True)
         for pods in sizes:
             after = None
             if args.restart_command and pods == restart_at:
@@ -518,14 +529,21 @@ def report(
         "kubelet: an edit reaches its pods at its next sync, 60-120 s by default; at most 110 "
         f"pods a node; conns: client-go over the server's {server_streams} streams a connection"
     )
-    base = next((r for r in rows if r.label != "fusevol"), None)
-    new = next((r for r in rows if base and r.label == "fusevol" and r.pods == base.pods), None)
-    if base and new:
+    based = [r for r in rows if r.label != "fusevol"]
+    # the rows run in turn with the baseline's come first at its N
+    paired = [r for r in rows if based and r.label == "fusevol" and r.pods == based[0].pods]
+    if based and paired:
+        base, new = _median_row(based), _median_row(paired[: len(based)])
+        medians = f" (medians of {len(based)} agents each, run in turn)" if len(based) > 1 else ""
         print(
-            f"at N={base.pods}, {base.label} / fusevol: connections {base.connections}/"
-            f"{new.connections} = {base.connections / max(1, new.connections):.0f}x, threads "
+            f"at N={base.pods}, {base.label} / fusevol{medians}: connections "
+            f"{base.connections}/{new.connections} = "
+            f"{base.connections / max(1, new.connections):.0f}x, threads "
             f"{base.threads}/{new.threads} = {base.threads / new.threads:.0f}x, RSS "
-            f"{base.rss_mib:.0f}/{new.rss_mib:.0f} MiB = {base.rss_mib / new.rss_mib:.1f}x, "
+            f"{base.rss_mib:.1f}/{new.rss_mib:.1f} MiB = {base.rss_mib / new.rss_mib:.2f}x "
+            f"({(base.rss_mib - empty_rss) * 1024 / base.objects:.1f}/"
+            f"{(new.rss_mib - empty_rss) * 1024 / new.objects:.1f} KiB per object), "
+            f"mounted {base.mounted_s:.1f}/{new.mounted_s:.1f} s, "
             f"edit p99 {base.edit_p99_ms:.0f}/{new.edit_p99_ms:.0f} ms"
         )
     for r in restarted:
@@ -535,6 +553,16 @@ def report(
             f"{2 * r.pods + OTHER_WATCHES} watches, {r.connections_made} new connection(s), "
             f"{r.changed} files changed meanwhile"
         )
+
+
+def _median_row(rows: list[Row]) -> Row:
+    """Each figure's median over `rows` (the same code at the same N)."""
+    figures = {
+        f.name: statistics.median(getattr(r, f.name) for r in rows)
+        for f in dataclasses.fields(Row)
+        if f.name not in ("label", "pods")
+    }
+    return Row(rows[0].label, rows[0].pods, **figures)
 
 
 if __name__ == "__main__":
