@@ -55,7 +55,8 @@ def paired_with(
     client: h2.connection.H2Connection, *, max_streams: int = DEFAULT_MAX_STREAMS
 ) -> h2.connection.H2Connection:
     """A server's state machine for `client`'s, their prefaces and SETTINGS exchanged in memory
-    (no socket): what is sent on either is handed to the other by the caller."""
+    (no socket): what is sent on either is handed to the other by the caller. It allows
+    `max_streams` streams at once, kube-apiserver's default unless told."""
     server = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=False, header_encoding=None)
     )
