@@ -51,17 +51,16 @@ DEFAULT_MAX_STREAMS = 250
 unset)."""
 
 
-def paired_with(
-    client: h2.connection.H2Connection, *, max_streams: int = DEFAULT_MAX_STREAMS
-) -> h2.connection.H2Connection:
+def paired_with(client: h2.connection.H2Connection) -> h2.connection.H2Connection:
     """A server's state machine for `client`'s, their prefaces and SETTINGS exchanged in memory
     (no socket): what is sent on either is handed to the other by the caller. It allows
-    `max_streams` streams at once, kube-apiserver's default unless told."""
+    kube-apiserver's default of streams at once (`DEFAULT_MAX_STREAMS`)."""
     server = h2.connection.H2Connection(
         h2.config.H2Configuration(client_side=False, header_encoding=None)
     )
     server.local_settings = h2.settings.Settings(
-        client=False, initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: max_streams}
+        client=False,
+        initial_values={h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: DEFAULT_MAX_STREAMS},
     )
     client.initiate_connection()
     server.initiate_connection()
