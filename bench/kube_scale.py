@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import collections
 import concurrent.futures
-import dataclasses
 import itertools
 import json
 import math
@@ -54,7 +53,7 @@ import tempfile
 import time
 import urllib.parse
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -91,6 +90,10 @@ class Row:
     @property
     def objects(self) -> int:
         return 2 * self.pods
+
+    def kib_per_object(self, empty_rss_mib: float) -> float:
+        """RSS beyond an agent on an empty node, per watched object."""
+        return (self.rss_mib - empty_rss_mib) * 1024 / self.objects
 
 
 class Cluster:
@@ -509,7 +512,6 @@ def report(
     )
     print(" | ".join(f"{h:>11}" for h in head))
     for row in rows:
-        per_object = (row.rss_mib - empty_rss) * 1024 / row.objects
         kubelet = math.ceil((row.objects + 1) / server_streams)
         cells = (
             row.label,
@@ -519,7 +521,7 @@ def report(
             row.connections,
             row.threads,
             f"{row.rss_mib:.0f}",
-            f"{per_object:.1f}",
+            f"{row.kib_per_object(empty_rss):.1f}",
             f"{row.edit_p50_ms:.1f}ms",
             f"{row.edit_p99_ms:.1f}ms",
             kubelet,
@@ -541,8 +543,8 @@ def report(
             f"{base.connections / max(1, new.connections):.0f}x, threads "
             f"{base.threads}/{new.threads} = {base.threads / new.threads:.0f}x, RSS "
             f"{base.rss_mib:.1f}/{new.rss_mib:.1f} MiB = {base.rss_mib / new.rss_mib:.2f}x "
-            f"({(base.rss_mib - empty_rss) * 1024 / base.objects:.1f}/"
-            f"{(new.rss_mib - empty_rss) * 1024 / new.objects:.1f} KiB per object), "
+            f"({base.kib_per_object(empty_rss):.1f}/{new.kib_per_object(empty_rss):.1f} KiB per "
+            "object), "
             f"mounted {base.mounted_s:.1f}/{new.mounted_s:.1f} s, "
             f"edit p99 {base.edit_p99_ms:.0f}/{new.edit_p99_ms:.0f} ms"
         )
@@ -559,7 +561,7 @@ def _median_row(rows: list[Row]) -> Row:
     """Each figure's median over `rows` (the same code at the same N)."""
     figures = {
         f.name: statistics.median(getattr(r, f.name) for r in rows)
-        for f in dataclasses.fields(Row)
+        for f in fields(Row)
         if f.name not in ("label", "pods")
     }
     return Row(rows[0].label, rows[0].pods, **figures)
