@@ -15,9 +15,10 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from unittest.mock import ANY
 
 import jsonpatch
@@ -32,6 +33,9 @@ from fusevol.webhook.convert import ANNOTATION, DRIVER, Driver, TokenRequest, co
 from tests.helpers.defaults import as_stored
 from tests.unit.test_api_forms import _decode, _served, written_pods
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
 Obj = dict[str, Any]
 SERVED = ("configMap", "secret", "downwardAPI", "projected")
 EVERY_TOKEN = Driver(
@@ -45,7 +49,13 @@ EVERY_TOKEN = Driver(
 """A CSIDriver whose tokenRequests hold every audience and lifetime the generator makes."""
 KUBELET_DIR = Path(tempfile.mkdtemp(prefix="fusevol-webhook-kubelet-"))
 """kubelet's directory for the CSI attribute parser's target checks (hypothesis runs many
-examples in one test function: no function-scoped tmp_path)."""
+examples in one test function: no function-scoped tmp_path); removed after the module's tests."""
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _remove_kubelet_dir() -> Iterator[None]:
+    yield
+    shutil.rmtree(KUBELET_DIR, ignore_errors=True)
 
 
 def shows_all_annotations(volume: Obj) -> bool:
