@@ -26,6 +26,7 @@ def main(args: argparse.Namespace) -> int:
     from fusevol.projection.downward import node_allocatable
 
     heap.one_arena()  # before the first thread
+    heap.map_large_blocks()
     log.setup(args.log_level)
     kube = _kube_settings(args)
     if kube is None and not args.manifests.is_dir():
