@@ -220,10 +220,12 @@ class Reflector:
         handler: Handler,
         backoff: Backoff | None = None,
         resume: Callable[[], None] | None = None,
+        stats: ReflectorStatistics | None = None,
     ) -> None:
         """`resume`: parks the watch while it waits (module docstring); called from the
         connection's task when the stream has something, it must call `run()` again in a task
-        and return at once."""
+        and return at once. `stats`: counters shared with other reflectors (thousands of
+        watched objects count together; its `resource_version` is then whichever moved last)."""
         self._client = client
         self.query = query
         self._handler = handler
@@ -244,7 +246,7 @@ class Reflector:
         few at a time waits for."""
         self.refused = ""
         """The server's message while it refuses the query (401, 403); "" otherwise."""
-        self.stats = ReflectorStatistics()
+        self.stats = stats or ReflectorStatistics()
         self._version = ""
         """Where the next watch resumes; empty: list first."""
         self._relist_from = ""

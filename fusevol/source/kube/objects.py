@@ -41,7 +41,7 @@ import trio
 from fusevol.base.errors import FusevolError
 from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert
-from fusevol.kube.reflector import Query, Reflector
+from fusevol.kube.reflector import Query, Reflector, ReflectorStatistics
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 
 if TYPE_CHECKING:
@@ -71,6 +71,7 @@ class TrackerStatistics:
     watches: int
     immutable: int
     fetches: int
+    """Objects read since the start: lists (Watch), GETs (Cache, Get)."""
 
 
 class ObjectTracker(Protocol):
@@ -118,6 +119,8 @@ class WatchedObjects:
         self._to_start: collections.deque[_Watch] = collections.deque()
         self._starters = 0
         self._starts_ended = 0
+        self._reflected = ReflectorStatistics()
+        """Every watch's reflector counts here (`fetches`: lists since the start)."""
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._watches.keys() - keys:
@@ -167,7 +170,7 @@ class WatchedObjects:
             objects=len(self._watches) + len(self._immutable),
             watches=len(self._watches),
             immutable=len(self._immutable),
-            fetches=sum(w.reflector.stats.lists for w in self._watches.values()),
+            fetches=self._reflected.lists,
         )
 
     def _start(self, key: ObjectKey) -> None:
@@ -215,6 +218,7 @@ class _Watch:
             query=Query(key.kind, key.namespace or None, "", name=key.name),
             handler=self,
             resume=self,  # called, a watch resumes: no bound method kept for each of thousands
+            stats=tracker._reflected,
         )
 
     async def run(self) -> None:
