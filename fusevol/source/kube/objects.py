@@ -259,7 +259,7 @@ class _Watch:
         obj = convert(raw, origin=tracker._origin)
         if obj is None or obj.key != self.key:
             return
-        if tracker._store.upsert(obj) and isinstance(obj, PersistentVolumeClaim):
+        if tracker._store.upsert(obj, self.key) and isinstance(obj, PersistentVolumeClaim):
             tracker._on_claim()
         if isinstance(obj, (ConfigMap, Secret)) and obj.immutable:
             tracker._immutable_seen(self.key)

@@ -357,11 +357,12 @@ class KubeSource:
     async def _deliver(self, pods: list[Pod], *, removed: set[ObjectKey]) -> None:
         """Steps 2-3 for `pods` (added or updated) and the pods at `removed` (gone)."""
         assert self._objects is not None
-        changed = [pod for pod in pods if self._pods.get(pod.key) != pod]
+        keyed = [(pod.key, pod) for pod in pods]  # one key object for both tables
+        changed = [pod for key, pod in keyed if self._pods.get(key) != pod]
         for key in removed:
             if self._pods.pop(key, None) is not None:
                 self._store.delete(key)
-        self._pods.update((pod.key, pod) for pod in pods)
+        self._pods.update(keyed)
         # (2) The claims first: the volumes they are bound to are known once they are read.
         ensured: set[ObjectKey] = set()
         while wanted := self._references(changed if self._pod_volumes else ()) - ensured:
@@ -372,8 +373,8 @@ class KubeSource:
         if self._pod_volumes:
             await self.tokens.ensure(changed)
         # (3)
-        for pod in pods:
-            self._store.upsert(pod)
+        for key, pod in keyed:
+            self._store.upsert(pod, key)
         self.tokens.retain(self._token_users())
         self.events.forget({pod.uid for pod in self._pods.values()})
 

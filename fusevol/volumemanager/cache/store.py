@@ -72,9 +72,12 @@ class ObjectStore:
 
     # -- verbs used by sources ---------------------------------------------------------------------
 
-    def upsert(self, obj: KubeObject) -> bool:
-        """Store `obj`, replacing the object with the same key. False if it was already stored."""
-        key = obj.key  # one key object for the three tables (thousands of objects)
+    def upsert(self, obj: KubeObject, key: ObjectKey | None = None) -> bool:
+        """Store `obj`, replacing the object with the same key. False if it was already stored.
+        `key`: `obj.key`, the caller's own (the key object of its table: one for thousands of
+        objects, not one made for each table)."""
+        if key is None:
+            key = obj.key  # one key object for the three tables
         if self._objects.get(key) == obj:
             return False
         self._objects[key] = obj
