@@ -194,7 +194,7 @@ class Agent:
             metrics=self.metrics,
             healthy=lambda: self.lifecycle.fuse_up,
             ready=self._reconciled,
-            status=self.status.snapshot,
+            status=self.status.encoded,
             authorizer=Authorizer(node_name=settings.node_name, post=built.post)
             if settings.http.auth
             else None,
