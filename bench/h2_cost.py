@@ -7,9 +7,11 @@ give the window back): what the agent's one trio thread spends in h2 and hpack f
 12000 requests that follow an API server restart at 3000 pods. The request is the reflector's
 relist (a path of its own), with a service account's token (a kilobyte, as in a cluster) or
 none (a client certificate: a node's kubelet credentials); the answer carries kube-apiserver
-v1.28's headers (a new `audit-id` and `date` each time) and an empty list.
+v1.28's headers (a new `audit-id` and `date` each time) and an empty list. `--watches N`: N
+streams held open on the connection beside the requests (watches answered, streaming), as on a
+connection that fills with watches while they start (kube-apiserver allows 250 streams).
 
-    .venv/bin/python bench/h2_cost.py [--requests 5000] [--rounds 7]
+    .venv/bin/python bench/h2_cost.py [--requests 5000] [--rounds 7] [--watches 249]
 """
 
 from __future__ import annotations
@@ -81,8 +83,15 @@ def per_request_us(
     outbound: Callable[[Sequence[tuple[bytes, bytes]]], Sequence[tuple[bytes, bytes]]],
     requests: int,
     token: bytes,
+    watches: int,
 ) -> float:
     server = paired_with(client)
+    for n in range(watches):
+        stream_id = client.get_next_available_stream_id()
+        client.send_headers(stream_id, outbound(request(n, token)), end_stream=True)
+        server.receive_data(client.data_to_send())
+        server.send_headers(stream_id, answer_headers())
+        client.receive_data(server.data_to_send())
     spent = 0.0
     for n in range(requests):
         headers = request(n, token)
@@ -109,14 +118,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--watches", type=int, default=0)
     args = parser.parse_args()
-    print(f"h2 and hpack per request ({args.requests} requests, median of {args.rounds} rounds)")
+    print(
+        f"h2 and hpack per request ({args.requests} requests beside {args.watches} watches,"
+        f" median of {args.rounds} rounds)"
+    )
     for what, token in (("a service account's token", TOKEN), ("a client certificate", b"")):
         baseline: list[float] = []
         fusevol: list[float] = []
         for _ in range(args.rounds):  # alternated: both see the machine's same moments
-            baseline.append(per_request_us(h2_defaults(), list, args.requests, token))
-            fusevol.append(per_request_us(http2.new_state(), http2.outbound, args.requests, token))
+            baseline.append(per_request_us(h2_defaults(), list, args.requests, token, args.watches))
+            fusevol.append(
+                per_request_us(
+                    http2.new_state(), http2.outbound, args.requests, token, args.watches
+                )
+            )
         b, f = statistics.median(baseline), statistics.median(fusevol)
         print(f"  with {what}:")
         print(f"    h2's defaults (baseline)   {b:6.1f} us")

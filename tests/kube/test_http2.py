@@ -348,6 +348,33 @@ def test_what_a_connection_keeps_of_its_closed_streams_does_not_grow_with_them()
     assert kept[0] == kept[1] == kept[2] <= http2.CLOSED_STREAMS_KEPT
 
 
+def test_a_connection_of_watches_counts_its_streams_only_as_they_double() -> None:
+    """Before it opens a stream h2 walks every stream of the connection (to check the server's
+    limit, and to forget the closed ones): with 249 watches open, 250 steps for each request. The
+    pool keeps to the limit itself, so the walk is made once the streams h2 holds have doubled,
+    and the closed ones are forgotten then: no more of them are held than open ones."""
+    client = http2.new_state()
+    server = paired_with(client)  # kube-apiserver's stream limit
+    for n in range(DEFAULT_MAX_STREAMS - 1):
+        client.send_headers(client.get_next_available_stream_id(), headers(f"/watch/{n}"))
+    server.receive_data(client.data_to_send())
+    walks = 0
+    walk = client._open_streams
+
+    def counted(remainder: int) -> int:
+        nonlocal walks
+        walks += 1
+        return walk(remainder)
+
+    client._open_streams = counted  # type: ignore[method-assign]
+    held = []
+    for _ in range(2000):
+        _exchange(client, server)  # each its own stream, beside the watches
+        held.append(len(client.streams))
+    assert walks <= 2000 // DEFAULT_MAX_STREAMS + 2  # h2 alone: 2000
+    assert max(held) <= 2 * DEFAULT_MAX_STREAMS + 16
+
+
 def test_answers_that_crossed_the_reset_of_a_connections_every_stream_do_not_end_it() -> None:
     """What the bound must still cover: a connection's whole stream limit reset at once before
     their answers came (the node's pods deleted as their watches started), as many streams
