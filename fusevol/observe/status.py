@@ -85,18 +85,7 @@ class StatusReporter:
             # for. Encoding it whole in a worker thread held the GIL for all of that time (json's
             # encoder never lets go), and steps without a pause never let the trio thread sleep,
             # which is when a worker thread (the manifest parser) gets the GIL.
-            steps = self._encoded()
-            spent = 0.0
-            while True:
-                started = trio.current_time()
-                try:
-                    next(steps)
-                except StopIteration as done:
-                    parts: list[bytes] = done.value
-                    break
-                finally:
-                    spent += trio.current_time() - started
-                await trio.sleep(_PAUSE_S)
+            parts, spent = await self._made(pause_s=_PAUSE_S)
             self._at_rest()
             await trio.to_thread.run_sync(_write, self._path, parts)  # and emptied
             # ... and written less often when it is costly: at most a tenth of the trio thread.
@@ -119,13 +108,22 @@ class StatusReporter:
         """The snapshot as JSON, now (`/status`), made in the same steps as the file's, with a
         checkpoint after each: with thousands of volumes it costs 100-300 ms, for which a FUSE
         request must not wait."""
+        parts, _ = await self._made(pause_s=0)
+        return b"".join(parts)
+
+    async def _made(self, *, pause_s: float) -> tuple[list[bytes], float]:
+        """`_encoded`'s parts, its steps run with a pause of `pause_s` after each (0: a
+        checkpoint), and the trio thread's time they took."""
         steps = self._encoded()
+        spent = 0.0
         while True:
+            started = trio.current_time()
             try:
                 next(steps)
             except StopIteration as done:
-                return b"".join(done.value)
-            await trio.lowlevel.checkpoint()
+                return done.value, spent + trio.current_time() - started
+            spent += trio.current_time() - started
+            await trio.sleep(pause_s)
 
     def _encoded(self) -> Generator[None, None, list[bytes]]:
         """The snapshot as JSON, in parts, in steps: its pods are encoded `_STEP` at a time."""
