@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import kubernetes
+from prometheus_client.parser import text_string_to_metric_families
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -229,32 +230,37 @@ class Agent:
 
     def api_streams(self) -> int:
         """The requests and watches open on the agent's API connections (`/metrics`)."""
-        found = re.search(r"^fusevol_api_streams ([0-9.e+]+)$", self._metrics(), re.MULTILINE)
-        assert found, "no fusevol_api_streams in /metrics"
-        return int(float(found[1]))
+        streams = [value for name, _, value in self._metrics() if name == "fusevol_api_streams"]
+        assert len(streams) == 1, "no fusevol_api_streams in /metrics"
+        return int(streams[0])
 
     def mounted(self) -> int:
         """The volumes in the actual state of world (kubelet's `volume_manager_total_volumes`,
         from `/metrics`)."""
-        return sum(
-            int(float(count))
-            for count in re.findall(
-                r'^volume_manager_total_volumes\{[^}]*state="actual_state_of_world"[^}]*\} (\S+)$',
-                self._metrics(),
-                re.MULTILINE,
+        return int(
+            sum(
+                value
+                for name, labels, value in self._metrics()
+                if name == "volume_manager_total_volumes"
+                and labels.get("state") == "actual_state_of_world"
             )
         )
 
-    def _metrics(self) -> str:
-        """`/metrics`, what the bench polls four times a second (8 ms of the agent's time at
-        3000 pods). Not `/status`: its every volume's state took 100-270 ms of the agent's one
-        thread, a third of its time through a start polled at that pace, which it measured."""
+    def _metrics(self) -> list[tuple[str, dict[str, str], float]]:
+        """`/metrics`' samples, what the bench polls four times a second (8 ms of the agent's
+        time at 3000 pods). Not `/status`: its every volume's state took 100-270 ms of the
+        agent's one thread, a third of its time through a start polled at that pace, which it
+        measured."""
         if not self._metrics_url:  # the agent's port, from its log once (not at every poll)
             port = re.findall(r"http listening address=\S*:(\d+)", self.process.log_text())[-1]
             self._metrics_url = f"http://127.0.0.1:{port}/metrics"
         with urllib.request.urlopen(self._metrics_url, timeout=5) as answer:
-            body: str = answer.read().decode()
-        return body
+            text = answer.read().decode()
+        return [
+            (sample.name, sample.labels, sample.value)
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+        ]
 
     def stop(self) -> None:
         """kill -9 of the launcher: the agent dies with it, and its mount namespace with them."""
