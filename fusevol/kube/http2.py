@@ -47,6 +47,7 @@ import h2.errors
 import h2.events
 import h2.exceptions
 import h2.settings
+import h2.stream
 import hpack
 import trio
 
@@ -174,13 +175,13 @@ class Response:
             waiter()
 
 
-def new_state() -> h2.connection.H2Connection:
+def new_state() -> _State:
     """The HTTP/2 state machine of one client connection, as the agent sets it up: Go's windows,
-    no server push, a bounded record of its closed streams (`_State`), and its headers coded for
-    speed (`_Encoder`, `outbound`). The agent's own headers are well-formed and lower-case, and
-    of the server's it reads `:status` only, so h2 neither checks nor normalizes them. h2's time
-    per request, `bench/h2_cost.py`: 0.28x that of h2's defaults with a service account's
-    token, 0.66x without one."""
+    no server push, closed streams forgotten at once and a bounded record of resets (`_State`),
+    and its headers coded for speed (`_Encoder`, `outbound`). The agent's own headers are
+    well-formed and lower-case, and of the server's it reads `:status` only, so h2 neither
+    checks nor normalizes them. h2's time per request, `bench/h2_cost.py`: 0.28x that of h2's
+    defaults with a service account's token, 0.66x without one."""
     config = h2.config.H2Configuration(
         client_side=True,
         header_encoding=None,
@@ -203,8 +204,9 @@ def new_state() -> h2.connection.H2Connection:
 
 
 class _State(h2.connection.H2Connection):
-    """h2's state of a connection, remembering its last `CLOSED_STREAMS_KEPT` closed streams,
-    not h2's 65536.
+    """h2's state of a connection, which forgets a stream as soon as its response is done with
+    (`forget`), and remembers only its last `CLOSED_STREAMS_KEPT` resets, not h2's 65536 closed
+    streams.
 
     h2 keeps how each closed stream was closed, so that the answer to a stream the agent reset
     (a watch no longer wanted, a request given up), its headers already on their way, is
@@ -213,8 +215,9 @@ class _State(h2.connection.H2Connection):
     closed over 10000 requests, 9 with this bound): a connection of 250 watches, each ended by
     the server every 5-10 minutes and watched again on a new stream, closes some 2000 streams
     an hour, so the record would reach 9 MiB a connection after a day and a half, 220 MiB for
-    the 25 connections of 6000 watches. Only a frame that crossed the reset needs the record:
-    it comes within a round trip, and a connection has at most the server's
+    the 25 connections of 6000 watches. Only a frame that crossed a reset needs the record (a
+    late frame of a stream that ended is the server's protocol error, remembered or not): it
+    comes within a round trip, and a connection has at most the server's
     `SETTINGS_MAX_CONCURRENT_STREAMS` streams (250 by kube-apiserver's default) to reset at
     once. Go's transport keeps no record at all: it ignores the frames of any stream below its
     next id. On a server that allows a connection more than 512 streams, a late frame of one
@@ -226,6 +229,18 @@ class _State(h2.connection.H2Connection):
     """How many streams h2 may hold (open, and closed but not yet forgotten) before
     `open_outbound_streams` counts them again."""
 
+    def forget(self, stream_id: int) -> None:
+        """Drop a stream that is closed, at once: h2 itself drops closed streams only as it counts
+        the open ones, and until then each holds its state (about 500 bytes: the stream, its
+        state machine, its window), for a connection of watches as many as it has watches
+        (`open_outbound_streams`). A reset is remembered, as h2 would (above)."""
+        stream = self.streams.get(stream_id)
+        if stream is None or not stream.closed:
+            return
+        del self.streams[stream_id]
+        if stream.closed_by in _RESETS:
+            self._closed_streams[stream_id] = stream.closed_by
+
     @property
     def open_outbound_streams(self) -> int:
         """What h2 asks before it opens a stream, to check the server's limit. h2 counts every
@@ -233,13 +248,17 @@ class _State(h2.connection.H2Connection):
         closed ones as it counts: 3-4 % of the agent's time while its watches start. The pool
         keeps to the limit itself (`Connection.has_room`, from its own count), so here the count,
         and the forgetting, is made only once the streams held have doubled since the last one;
-        h2's check is told 0 in between. Closed streams not yet forgotten are then as many as the
-        open ones at most, and a count costs a walk for every stream opened since the last."""
+        h2's check is told 0 in between. Closed streams the pool has not forgotten (`forget`)
+        are then as many as the open ones at most, and a count costs a walk for every stream
+        opened since the last."""
         if len(self.streams) < self._count_at:
             return 0
         open_streams: int = super().open_outbound_streams  # counts, and forgets closed streams
         self._count_at = 2 * len(self.streams) + 16
         return open_streams
+
+
+_RESETS = (h2.stream.StreamClosedBy.RECV_RST_STREAM, h2.stream.StreamClosedBy.SEND_RST_STREAM)
 
 
 def outbound(headers: Sequence[Header]) -> list[Header]:
@@ -379,6 +398,7 @@ class Connection:
         if unread:
             with contextlib.suppress(h2.exceptions.H2Error):
                 self._h2.acknowledge_received_data(unread, response.id)
+        self._h2.forget(response.id)
         self._wake_writer()
 
     async def _send_body(self, stream_id: int, body: bytes) -> None:

@@ -23,6 +23,7 @@ import h2.errors
 import h2.events
 import pytest
 import trio
+from h2.stream import StreamClosedBy
 
 from fusevol.kube import http2
 from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
@@ -83,6 +84,33 @@ async def test_streams_fill_a_connection_to_the_servers_limit_before_another_is_
     assert await ok.read() == b"ok"
     ok.close()
     assert pool.connections_made == 3
+    pool.close()
+    assert server.protocol_errors == []
+
+
+async def test_a_stream_is_forgotten_once_its_response_is_done_with_and_a_reset_remembered(
+    server: H2Server,
+) -> None:
+    """h2 holds a closed stream's state (some 500 bytes) until it next counts the open ones,
+    which on a connection of watches comes after as many requests as it has watches: the pool
+    drops each stream as its response is closed. A stream it reset is remembered (the server's
+    answer may cross the reset); one that ended is not (nothing may follow its end)."""
+    pool = pool_for(server.port)
+    watches = [await pool.request(headers("/hold")) for _ in range(4)]
+    for _ in range(30):
+        ok = await pool.request(headers("/"))
+        assert await ok.read() == b"ok"
+        ok.close()
+    (connection,) = pool._connections
+    state = connection._h2
+    assert sorted(state.streams) == [w.id for w in watches]
+    assert dict(state._closed_streams) == {}
+    watches[0].close()  # no longer wanted: reset
+    assert sorted(state.streams) == [w.id for w in watches[1:]]
+    assert dict(state._closed_streams) == {watches[0].id: StreamClosedBy.SEND_RST_STREAM}
+    ok = await pool.request(headers("/"))  # the connection goes on
+    assert await ok.read() == b"ok"
+    ok.close()
     pool.close()
     assert server.protocol_errors == []
 
