@@ -23,6 +23,7 @@ from fusevol.projection.downward import NodeAllocatable
 from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
 from fusevol.volumemanager.cache.store import ObjectStore
 from fusevol.volumemanager.populator import Populator
+from fusevol.volumemanager.reconciler import served as served_module
 from fusevol.volumemanager.reconciler.served import SHARED, ServedVolumes, subtree_name
 
 if TYPE_CHECKING:
@@ -228,6 +229,28 @@ async def test_a_volume_is_one_user_tuple_in_every_index(served: Served) -> None
     assert by_facts == (volume.pod.uid, volume.spec_name)
     assert by_subtree is by_facts
     assert user is by_facts
+
+
+async def test_the_facts_of_a_volume_set_up_outlive_the_bound_and_a_new_copy_of_it(
+    served: Served, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What a pass asks of every volume is a cache, bounded: past the bound the facts of volumes
+    not set up go (a node's start asks it of thousands), those of the volumes set up stay; and
+    the facts of a new object of the same volume (its pod changed) reuse the tuple, subtree name
+    and object keys that the indexes hold, not copies of them."""
+    monkeypatch.setattr(served_module, "_FACTS_KEPT", 4)
+    volume = served.resolve(pod(1, CONFIG))
+    await served.volumes.set_up(volume)
+    kept = served.volumes._facts_of(volume)
+    for uid in range(2, 30):  # never set up
+        served.volumes.inputs(served.resolve(pod(uid, CONFIG)))
+    assert len(served.volumes._facts) <= 4 + 2 * 1 + 1
+    assert served.volumes._facts_of(volume) is kept
+    again = served.volumes._facts_of(served.resolve(pod(1, CONFIG)))
+    assert again is not kept
+    assert again.user is kept.user
+    assert again.subtree is kept.subtree
+    assert again.objects is kept.objects
 
 
 async def test_the_subtree_goes_with_its_last_user(served: Served) -> None:

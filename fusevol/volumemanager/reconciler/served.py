@@ -79,7 +79,11 @@ ROOT_MODES = {
 
 
 _FACTS_KEPT = 1024
-"""`ServedVolumes._facts` beyond twice the volumes set up: cleared when it grows past this."""
+"""`ServedVolumes._facts` beyond twice the volumes set up: past this, the facts of the volumes
+not set up (never, or no longer) are dropped. Those of the volumes set up stay: recomputed, their
+tuple, subtree name and object keys would be copies of those the indexes hold (about 250 bytes a
+volume, on thousands of volumes; a node's start, thousands of volumes not set up yet, came past
+the bound again and again)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -184,15 +188,14 @@ class ServedVolumes:
         facts = self._facts.get(user)
         if facts is None or facts.volume is not volume:
             if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
-                self._facts.clear()  # a cache: volumes never set up are dropped with the rest
-            if facts is not None:
-                user = facts.user  # the tuple the indexes hold already
+                self._facts = {u: f for u, f in self._facts.items() if u in self._subtree_of}
+            subtree, objects = subtree_name(volume), _referenced_objects(volume)
+            if facts is not None:  # what the indexes hold already, where it is the same
+                user = facts.user
+                subtree = facts.subtree if facts.subtree == subtree else subtree
+                objects = facts.objects if facts.objects == objects else objects
             facts = self._facts[user] = _Facts(
-                user,
-                volume,
-                subtree_name(volume),
-                _referenced_objects(volume),
-                _uses_downward_api(volume),
+                user, volume, subtree, objects, _uses_downward_api(volume)
             )
         return facts
 
