@@ -352,13 +352,13 @@ async def test_success_resets_the_failures(
     await run_once(executor, operation)
     assert "operation succeeded after 2 failures" in logs.messages[-1]
 
-    status = executor.status(NAME)
-    assert status is not None
-    assert (status.failures, status.last_error, status.retry_at) == (0, "", -math.inf)
+    assert executor.status(NAME) is None  # nothing to show, no backoff: kept by no volume
     assert executor.next_retry_at() == math.inf
 
     operation.error = VolumeSetupError("again")
     await run_once(executor, operation)
+    status = executor.status(NAME)
+    assert status is not None
     assert (status.failures, status.retry_at) == (1, 1.5 + 0.5)
     assert levels(logs) == ["ERROR", "DEBUG", "ERROR"]
 
