@@ -252,3 +252,24 @@ def test_an_unchanged_pod_is_the_same_annotated_copy_from_pass_to_pass() -> None
     populator.populate()
     (second,) = desired.pods()
     assert second is first
+
+
+@pytest.mark.parametrize("source", [ConfigSource.API, ConfigSource.FILE])
+def test_the_annotations_are_one_mapping_read_through_the_pods_own(source: ConfigSource) -> None:
+    """Not a dict merged for each of thousands of pods: a small mapping over the pod's own, which
+    reads, iterates and compares as the merged dict would."""
+    annotated, _ = populate(source, FirstSeen(path=None, clock=lambda: NS))
+    annotations = annotated.annotations
+    added = {
+        "kubernetes.io/config.source": source.value,
+        "kubernetes.io/config.seen": annotations["kubernetes.io/config.seen"],
+    }
+    if source is ConfigSource.FILE:
+        added["kubernetes.io/config.hash"] = POD.uid
+    merged = {**POD.annotations, **added}
+    assert annotations == merged
+    assert (list(annotations), len(annotations)) == (list(merged), len(merged))
+    assert annotations.get("a.example.com/note") == 'say "hi"\n'
+    assert annotations.get("kubernetes.io/config.hash") == added.get("kubernetes.io/config.hash")
+    assert repr(annotations) == repr(merged)
+    assert not hasattr(annotations, "__dict__")
