@@ -1,14 +1,15 @@
-"""KubeClient: the only module that imports `kubernetes`; plain JSON dicts in and out.
+"""KubeClient: the agent's one module that imports `kubernetes`; plain JSON dicts in and out.
 
 Owns the client configuration, read by the `kubernetes` package (an explicit kubeconfig, else
 in-cluster when running in a pod, else the standard kubeconfig resolution: `$KUBECONFIG`,
 `~/.kube/config`; exec credential plugins and the in-cluster token's rotation through its
-refresh hook; the TLS material), and the calls fusevol makes: list, watch, get, TokenRequest,
-Events, the create/delete of the PersistentVolumes the node provisions, and `post` of any object
-(a review). The calls themselves go over HTTP/2 (`http2`): awaited on the trio thread, every one
-a stream of the same connection, so a thousand watches cost one connection and no thread.
-Results are raw JSON, so that the one converter of `fusevol.decode.manifest` reads API objects
-and manifests alike.
+refresh hook; the TLS material, a kubeconfig's embedded keys kept in memory, never in files;
+the webhook's client, `fusevol.webhook.cluster`, is configured here too), and the calls fusevol
+makes: list, watch, get, TokenRequest, Events, the create/delete of the PersistentVolumes the
+node provisions, and `post` of any object (a review). The calls themselves go over HTTP/2
+(`http2`): awaited on the trio thread, every one a stream of the same connection, so a thousand
+watches cost one connection and no thread. Results are raw JSON, so that the one converter of
+`fusevol.decode.manifest` reads API objects and manifests alike.
 
 Authentication is a seam: `KubeClient` authenticates with the configuration's bearer token or
 client certificate (in its TLS context: a node's kubelet credentials, whose file kubelet rotates,
@@ -28,6 +29,7 @@ HTTP/2 itself (`http2`).
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import logging
@@ -35,6 +37,7 @@ import math
 import os
 import re
 import ssl
+import threading
 import urllib.parse
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -161,7 +164,7 @@ class KubeClient:
     """Calls to the API server, awaited on the trio thread; see the module docstring."""
 
     def __init__(self, *, kubeconfig: Path | None) -> None:
-        config = _load_configuration(kubeconfig)
+        config = load_configuration(kubeconfig)
         self.host: str = config.host
         url = urllib.parse.urlsplit(config.host)
         if url.scheme not in ("https", "http") or not url.hostname:
@@ -557,7 +560,16 @@ class _ConfiguredCredentials(_Credentials):
         return ""
 
 
-def _load_configuration(kubeconfig: Path | None) -> Any:
+def load_configuration(kubeconfig: Path | None) -> Any:
+    """The `kubernetes` package's client configuration: `kubeconfig`, else in-cluster in a pod,
+    else the standard kubeconfig resolution ($KUBECONFIG, ~/.kube/config).
+
+    A kubeconfig's embedded data (`certificate-authority-data`, `client-certificate-data`,
+    `client-key-data`, an exec plugin's `clientKeyData`) is handed to TLS as files: the package
+    writes them to $TMPDIR, removed only at a clean exit. Here they are memory files instead
+    (`_memory_file`), so a private key never reaches a disk and a killed agent leaves none."""
+    kube_config = kubernetes.config.kube_config
+    kube_config._create_temp_file_with_content = _memory_file  # its one writer of files
     config = kubernetes.client.Configuration()
     try:
         if kubeconfig is not None:
@@ -572,6 +584,31 @@ def _load_configuration(kubeconfig: Path | None) -> Any:
         where = kubeconfig or ("in-cluster" if in_cluster() else "kubeconfig")
         raise FusevolError(f"Kubernetes client configuration ({where}): {exc}") from None
     return config
+
+
+_memory_files: dict[bytes, str] = {}
+_memory_files_lock = threading.Lock()
+
+
+def _memory_file(
+    content: bytes | str, temp_file_path: str | None = None, force_recreate: bool = False
+) -> str:
+    """The kubeconfig loader's `_create_temp_file_with_content` (its one writer of files, called
+    while loading and from the refresh hook), with a memfd for the file: sealed, closed on exec,
+    gone with the process, named `/proc/self/fd/N` for `ssl` to open. One per content, as the
+    loader's own cache keeps one file per content; nothing can remove one, so `force_recreate`
+    (for a file removed meanwhile) has nothing to do, and `temp_file_path` no place to say."""
+    del temp_file_path, force_recreate
+    data = content.encode() if isinstance(content, str) else content
+    with _memory_files_lock:
+        if (path := _memory_files.get(data)) is None:
+            fd = os.memfd_create("kubeconfig-data", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+            with open(fd, "wb", closefd=False) as file:
+                file.write(data)
+            seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+            path = _memory_files[data] = f"/proc/self/fd/{fd}"
+    return path
 
 
 class _TlsContexts:

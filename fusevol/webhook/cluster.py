@@ -17,13 +17,12 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from typing import TYPE_CHECKING, Any
 
 import kubernetes
 
-from fusevol.base.errors import FusevolError
+from fusevol.kube.client import load_configuration
 from fusevol.webhook.convert import DRIVER, Driver
 
 if TYPE_CHECKING:
@@ -41,20 +40,8 @@ _SELECTOR = f"metadata.name={DRIVER}"
 
 
 def api_client(kubeconfig: Path | None) -> Any:
-    """A client for the API server: `kubeconfig`, else in-cluster in a pod, else the standard
-    kubeconfig ($KUBECONFIG, ~/.kube/config)."""
-    config = kubernetes.client.Configuration()
-    try:
-        if kubeconfig is not None:
-            kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
-                config_file=str(kubeconfig), client_configuration=config
-            )
-        elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-            kubernetes.config.load_incluster_config(client_configuration=config)  # type: ignore[no-untyped-call]
-        else:
-            kubernetes.config.load_kube_config(client_configuration=config)  # type: ignore[no-untyped-call]
-    except (kubernetes.config.ConfigException, OSError) as exc:
-        raise FusevolError(f"Kubernetes client configuration: {exc}") from None
+    """A client for the API server, configured as the agent's (`load_configuration`)."""
+    config = load_configuration(kubeconfig)
     config.retries = False  # the watch loop backs off itself
     return kubernetes.client.ApiClient(config)
 

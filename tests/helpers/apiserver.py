@@ -241,14 +241,27 @@ class ApiServer:
         return f"https://127.0.0.1:{self.port}"
 
     def write_kubeconfig(
-        self, path: Path, *, token: str = TOKEN, client_certificate: Path | None = None
+        self,
+        path: Path,
+        *,
+        token: str = TOKEN,
+        client_certificate: Path | None = None,
+        embedded: bool = False,
     ) -> Path:
         """A kubeconfig for this server: the bearer `token`, or, with `client_certificate` (a
         PEM file of certificate and key: `certificates().client(...)`), that certificate, as
-        kubelet's kubeconfig names its `kubelet-client-current.pem`."""
+        kubelet's kubeconfig names its `kubelet-client-current.pem`; `embedded`: as kubeadm's
+        admin.conf holds it instead, certificate and key in the kubeconfig (`*-data`)."""
         cluster = {"server": self.url, "certificate-authority-data": certificates().ca_data}
         user: Obj = {"token": token}
-        if client_certificate is not None:
+        if client_certificate is not None and embedded:
+            pem = client_certificate.read_bytes()
+            key_at = pem.index(b"-----BEGIN PRIVATE KEY-----")
+            user = {
+                "client-certificate-data": base64.b64encode(pem[:key_at]).decode(),
+                "client-key-data": base64.b64encode(pem[key_at:]).decode(),
+            }
+        elif client_certificate is not None:
             user = {"client-certificate": str(client_certificate)}
             user["client-key"] = str(client_certificate)
         config = {

@@ -110,6 +110,30 @@ def test_as_its_node_the_agent_serves_its_pods_volumes(api: ApiServer, tmp_path:
         assert " WARNING " not in log, log
 
 
+def test_a_kubeconfigs_embedded_key_is_used_and_never_written_to_a_file(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    """kubeadm's admin.conf form: CA, client certificate and key inside the kubeconfig. The
+    agent authenticates with them, and none reaches a file: the `kubernetes` library would
+    write each to $TMPDIR for the agent's lifetime, and a kill -9 would leave them there."""
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    pem = certificates().client(f"system:node:{NODE}", ("system:nodes",))
+    kubeconfig = api.write_kubeconfig(
+        tmp_path / "admin.conf", client_certificate=pem, embedded=True
+    )
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    args = ("--kubeconfig", str(kubeconfig))
+    with running_agent(None, tmp_path / "root", *args, env={"TMPDIR": str(tmpdir)}) as agent:
+        config = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        assert (config / "a").read_text() == "1"
+        assert f"node identity user=system:node:{NODE}:" in agent.log_text()
+        assert list(tmpdir.iterdir()) == []
+        agent.kill()
+    assert list(tmpdir.iterdir()) == []
+
+
 def test_the_objects_and_tokens_of_another_nodes_pods_are_refused_and_not_retried_hot(
     api: ApiServer, tmp_path: Path
 ) -> None:
