@@ -64,6 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import agent_pid, percentile, proc_status, rss_mib
+from fusevol.kube.client import load_configuration
 from tests.agent import AgentProcess, wait_for
 
 if TYPE_CHECKING:
@@ -102,8 +103,7 @@ class Cluster:
     """The bench's own side of the API: the `kubernetes` client, not the code measured."""
 
     def __init__(self, kubeconfig: Path) -> None:
-        config = kubernetes.client.Configuration()
-        kubernetes.config.load_kube_config(str(kubeconfig), client_configuration=config)  # type: ignore[no-untyped-call]
+        config = load_configuration(kubeconfig)  # the agent's: its keys never in $TMPDIR files
         config.connection_pool_maxsize = 32
         self.server = urllib.parse.urlsplit(config.host)
         self.core: Any = kubernetes.client.CoreV1Api(kubernetes.client.ApiClient(config))
