@@ -456,6 +456,74 @@ async def test_an_edit_asks_only_the_volumes_built_from_the_object(
     assert len(set(asked)) == count  # the resync: every volume
 
 
+async def test_the_passes_of_an_edit_take_the_refresh_step_alone(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    """The passes that follow an edit of a ConfigMap (and the end of its refresh) neither run
+    the populator nor walk the desired and actual states for volumes to set up or tear down
+    (each walk is every volume of the node); a new pod's pass does, and sets its volume up."""
+    count = 50
+    maps, names = await _serving_own_configmaps(world, count)
+    await trio.sleep(1)
+    walks: list[str] = []
+
+    def counting(name: str, walk: Callable[..., Any]) -> Callable[..., Any]:
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            walks.append(name)
+            return walk(*args, **kwargs)
+
+        return counted
+
+    world.populator.populate = counting("populate", world.populator.populate)  # type: ignore[method-assign]
+    world.desired.volumes_to_serve = counting("desired", world.desired.volumes_to_serve)  # type: ignore[method-assign]
+    world.actual.mounted_volumes = counting("actual", world.actual.mounted_volumes)  # type: ignore[method-assign]
+    passes = world.reconciler.passes
+    world.store.upsert(dataclasses.replace(maps[3], resource_version=ResourceVersion("2")))
+    await wait_until(
+        lambda: [c.operation for c in world.volumes.calls_of(names[3])][-1] == "refresh"
+    )
+    await trio.sleep(1)
+    assert world.reconciler.passes >= passes + 2  # the edit's, and the one after its refresh
+    assert walks == []
+
+    pod = Pod(PodUID("uid-new"), "ns", "new", ResourceVersion("1"), volumes=(CFG,))
+    world.add(CM, pod)
+    new = layout.unique_volume_name(Plugin.CONFIG_MAP, pod.uid, CFG.name)
+    await wait_until(lambda: new in world.actual)
+    assert {"populate", "desired", "actual"} <= set(walks)
+
+
+async def test_a_volume_whose_pod_left_during_its_set_up_is_torn_down_while_edits_come(
+    autojump_clock: trio.testing.MockClock, world: World
+) -> None:
+    """A set-up that ends for a volume no pod wants any more makes the next pass a whole one,
+    which tears the volume down at once, not at the resync, while edits of other objects keep
+    the reconciler busy with passes that take the refresh step alone."""
+    count = 10
+    maps, _ = await _serving_own_configmaps(world, count)
+    pod = Pod(PodUID("uid-new"), "ns", "new", ResourceVersion("1"), volumes=(CFG,))
+    new = layout.unique_volume_name(Plugin.CONFIG_MAP, pod.uid, CFG.name)
+    set_up, release = world.volumes.set_up, trio.Event()
+
+    async def slow_set_up(volume: VolumeToServe) -> MountedVolume:
+        if volume.name == new:
+            await release.wait()
+        return await set_up(volume)
+
+    world.volumes.set_up = slow_set_up  # type: ignore[method-assign]
+    world.add(CM, pod)
+    await wait_until(lambda: ("mount", new) in world.executor.started)
+    world.store.delete(pod.key)  # the pod leaves while its volume is being set up
+    await trio.sleep(1)
+    release.set()
+    for n in range(20):  # another object edited every 0.1 s, for 2 s
+        await trio.sleep(0.1)
+        other = maps[n % count]
+        world.store.upsert(dataclasses.replace(other, resource_version=ResourceVersion(f"{n}")))
+    assert [c.operation for c in world.volumes.calls_of(new)] == ["set_up", "tear_down"]
+    assert new not in world.actual
+
+
 async def test_a_failed_refresh_is_retried_once_due_while_other_edits_keep_coming(
     autojump_clock: trio.testing.MockClock, world: World, caplog: pytest.LogCaptureFixture
 ) -> None:
