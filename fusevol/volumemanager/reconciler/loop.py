@@ -26,8 +26,8 @@ only follows edits of objects and ends of operations asks only the volumes built
 objects for their inputs (`_candidates`), and takes step (3) alone when those objects are what
 volumes serve and those operations left their volumes set up (`_content_only`): an edit costs the
 node's few volumes it concerns, not all of them; any other change, a retry and the resync are
-full passes. An edit that comes during
-a pass has its shared subtree refreshed at the pass's next step (`_start_refresh_first`).
+full passes. An edit that comes during a pass has its shared subtree refreshed at the pass's next
+step (`_start_refresh_first`).
 """
 
 from __future__ import annotations
