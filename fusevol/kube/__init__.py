@@ -2,7 +2,8 @@
 
 `client` (the only `import kubernetes`; its calls go over `http2`, every request and watch a
 stream of one connection; `listing` reads a large list's items one at a time) and `reflector` (a
-list+watch mirror that survives any API server) are what the API source reads through
+list+watch mirror that survives any API server; `relists`: the watches of one namespace relist
+together) are what the API source reads through
 (`fusevol.source.kube`); the agent's writes to the
 API are here too: `events` (kubelet's FailedMount Warning events) and `provisioned` (the
 PersistentVolumes the hostpath provisioner creates and deletes, as a node-local

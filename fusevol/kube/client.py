@@ -2,14 +2,14 @@
 
 Owns the client configuration, read by the `kubernetes` package (an explicit kubeconfig, else
 in-cluster when running in a pod, else the standard kubeconfig resolution: `$KUBECONFIG`,
-`~/.kube/config`; exec credential plugins and the in-cluster token's rotation through its
-refresh hook; the TLS material, a kubeconfig's embedded keys kept in memory, never in files;
-the webhook's client, `fusevol.webhook.cluster`, is configured here too), and the calls fusevol
-makes: list, watch, get, TokenRequest, Events, the create/delete of the PersistentVolumes the
-node provisions, and `post` of any object (a review). The calls themselves go over HTTP/2
-(`http2`): awaited on the trio thread, every one a stream of the same connection, so a thousand
-watches cost one connection and no thread. Results are raw JSON, so that the one converter of
-`fusevol.decode.manifest` reads API objects and manifests alike.
+`~/.kube/config`; exec credential plugins and the in-cluster token's rotation through its refresh
+hook; the TLS material, a kubeconfig's embedded keys kept in memory, never in files; the webhook's
+client, `fusevol.webhook.cluster`, is configured here too), and the calls fusevol makes: list
+(objects, or only their names and versions), watch, get, TokenRequest, Events, the create/delete of
+the PersistentVolumes the node provisions, and `post` of any object (a review). The calls themselves
+go over HTTP/2 (`http2`): awaited on the trio thread, every one a stream of the same connection, so
+a thousand watches cost one connection and no thread. Results are raw JSON, so that the one
+converter of `fusevol.decode.manifest` reads API objects and manifests alike.
 
 Authentication is a seam: `KubeClient` authenticates with the configuration's bearer token or
 client certificate (in its TLS context: a node's kubelet credentials, whose file kubelet rotates,
@@ -78,6 +78,8 @@ CREDENTIALS_S = 10.0
 refresh hook rereads the in-cluster token, or runs an exec plugin once the token expired)."""
 _IN_CLUSTER_ENV = "KUBERNETES_SERVICE_HOST"
 
+
+_METADATA_LIST = b"application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
 
 TOO_OLD = re.compile(r"too old resource version: \d+ \((\d+)\)")
 """kube-apiserver's 410 from its watch cache (k8s.io/apiserver cacher's watch_cache.go): the
@@ -271,6 +273,23 @@ class KubeClient:
             item.setdefault("apiVersion", resource.api_version)
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
 
+    async def list_versions(
+        self, kind: Kind, *, namespace: str | None, resource_version: str
+    ) -> tuple[dict[str, str], str]:
+        """({name: resourceVersion} of every object of `kind` in `namespace`, the list's
+        resourceVersion), no older than `resource_version`: a list of the objects' metadata alone
+        (`PartialObjectMetadataList`, meta.k8s.io/v1, as client-go's metadata client asks for it),
+        never their data, however large their data are."""
+        query = {"resourceVersion": resource_version, "resourceVersionMatch": "NotOlderThan"}
+        path = RESOURCES[kind].path(namespace)
+        text = await self._read("GET", path, query, accept=_METADATA_LIST)
+        try:
+            if len(text) < LARGE_BODY:
+                return _versions(text)
+            return await trio.to_thread.run_sync(_versions, text)
+        except ValueError as exc:
+            raise _not_json(self.host, "GET", path, exc) from None
+
     async def get(self, kind: Kind, *, namespace: str, name: str) -> Obj | None:
         """The object, or None if it does not exist."""
         resource = RESOURCES[kind]
@@ -384,12 +403,16 @@ class KubeClient:
         query: dict[str, str],
         data: bytes | None = None,
         content_type: str = "application/json",
+        *,
+        accept: bytes = b"application/json",
     ) -> bytes:
         """One request and its whole answer, within REQUEST_TIMEOUT_S."""
         try:
             async with self._in_flight:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
-                    response = await self._send(method, path, query, data, content_type)
+                    response = await self._send(
+                        method, path, query, data, content_type, accept=accept
+                    )
                     try:
                         return await response.read()
                     except ConnectionLost as exc:
@@ -406,6 +429,8 @@ class KubeClient:
         query: dict[str, str],
         data: bytes | None,
         content_type: str,
+        *,
+        accept: bytes = b"application/json",
     ) -> Response:
         """Send the request; its response once it has headers and a success status (the
         caller bounds the time and holds `_in_flight`)."""
@@ -417,7 +442,7 @@ class KubeClient:
             (b":scheme", self._scheme),
             (b":authority", self._authority),
             (b":path", target.encode()),
-            (b"accept", b"application/json"),
+            (b"accept", accept),
             (b"user-agent", _USER_AGENT),
         ]
         if authorization := await self._credentials.authorization():
@@ -654,6 +679,20 @@ def _ssl_context(config: Any, *, client_certificate: bool = True) -> ssl.SSLCont
         context.verify_mode = ssl.CERT_NONE
     context.set_alpn_protocols(["h2"])
     return context
+
+
+def _versions(text: bytes) -> tuple[dict[str, str], str]:
+    """A metadata list's {name: resourceVersion} and its own resourceVersion (ValueError if it
+    is none). Its items are decoded one at a time: a large list is transient, and its dicts
+    would otherwise be scattered among what the agent keeps (`listing`)."""
+    items, version = lazy_list(text, kind="PartialObjectMetadata", api_version="meta.k8s.io/v1")
+    versions: dict[str, str] = {}
+    for item in items:
+        metadata = item.get("metadata")
+        if not isinstance(metadata, dict) or not isinstance(name := metadata.get("name"), str):
+            raise ValueError("an item without metadata.name")
+        versions[name] = str(metadata.get("resourceVersion", ""))
+    return versions, version
 
 
 def _api_error(status: int, text: bytes) -> ApiError:

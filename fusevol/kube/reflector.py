@@ -11,20 +11,21 @@ client-go's reflector (and kopf's watch loop), as small stages:
 3. The stream ends (the server's `timeoutSeconds`, randomised in [5, 10) min like client-go's):
    watch again from the last resourceVersion (2).
 4. ERROR 410 Gone (the version was compacted away, or a restarted API server's watch cache starts
-   later): relist (1), and `on_replace` converges the mirror. The relist asks for a state no
-   older than the last resourceVersion seen, which the API server serves from its watch cache
-   (client-go's relist after an expired watch); only if it cannot (410, or 504 "too large
-   resource version": a cache behind) is the list read from etcd (resourceVersion unset), as
-   every first list is. After an API server restart every watch gets its 410 at once: thousands
-   of relists, served from the new watch cache. The 410's message says where the server's watch
-   cache of the resource starts ("too old resource version: 41 (57)": from 57 on); the client
-   keeps that horizon (`learn_horizon`) and answers every other watch of that resource from
-   before it the server's 410 itself, without a request, queued or not. A list
-   older than the horizon (another API server behind the same address, whose cache is behind)
-   drops it: a wrong horizon costs a list, never a loop. The first time at once; a 410
-   again before the new watch delivered anything (a server whose watch cache is broken) waits
-   the same backoff as (5), as client-go's reflector waits its backoff before every relist:
-   never a tight list-watch loop against a sick server.
+   later): relist (1), and `on_replace` converges the mirror. The relist asks for a state no older
+   than the last resourceVersion seen, which the API server serves from its watch cache (client-go's
+   relist after an expired watch); only if it cannot (410, or 504 "too large resource version": a
+   cache behind) is the list read from etcd (resourceVersion unset), as every first list is. After
+   an API server restart every watch gets its 410 at once: thousands of relists, served from the new
+   watch cache; those of one named object each are asked of their kind and namespace together first
+   (`relists`: one list of names and versions), and an object that did not change meanwhile is not
+   read again. The 410's message says where the server's watch cache of the resource starts ("too
+   old resource version: 41 (57)": from 57 on); the client keeps that horizon (`learn_horizon`) and
+   answers every other watch of that resource from before it the server's 410 itself, without a
+   request, queued or not. A list older than the horizon (another API server behind the same
+   address, whose cache is behind) drops it: a wrong horizon costs a list, never a loop. The first
+   time at once; a 410 again before the new watch delivered anything (a server whose watch cache is
+   broken) waits the same backoff as (5), as client-go's reflector waits its backoff before every
+   relist: never a tight list-watch loop against a sick server.
 5. Any other failure (connection reset, a watch cut mid-event, a 5xx): wait with exponential
    backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the last
    resourceVersion, or relist if there is none. When no connection to the server could be made
@@ -72,6 +73,7 @@ if TYPE_CHECKING:
 
     from fusevol.kube.client import KubeClient, Obj, WatchStream
     from fusevol.kube.listing import Items
+    from fusevol.kube.relists import Relists
     from fusevol.model import Kind
 
 log = logging.getLogger(__name__)
@@ -201,6 +203,7 @@ class Reflector:
         "_expiry_backoff",
         "_handler",
         "_relist_from",
+        "_relists",
         "_resume",
         "_stream",
         "_version",
@@ -221,11 +224,13 @@ class Reflector:
         backoff: Backoff | None = None,
         resume: Callable[[], None] | None = None,
         stats: ReflectorStatistics | None = None,
+        relists: Relists | None = None,
     ) -> None:
         """`resume`: parks the watch while it waits (module docstring); called from the
         connection's task when the stream has something, it must call `run()` again in a task
         and return at once. `stats`: counters shared with other reflectors (thousands of
-        watched objects count together; its `resource_version` is then whichever moved last)."""
+        watched objects count together; its `resource_version` is then whichever moved last).
+        `relists`: a query of one named object relists through it first (4)."""
         self._client = client
         self.query = query
         self._handler = handler
@@ -252,6 +257,7 @@ class Reflector:
         self._relist_from = ""
         """The last resourceVersion of an expired watch: the next list is no older (4)."""
         self._resume = resume
+        self._relists = relists if query.name else None
         self._stream: WatchStream | None = None
         """The open watch, between `run()`s while parked."""
 
@@ -277,25 +283,42 @@ class Reflector:
 
     async def _list(self) -> str:
         since, self._relist_from = self._relist_from, ""
-        try:
-            items, version = await self._list_from(since)
-        except ApiError as exc:
-            if not since or exc.code not in (410, 504):
-                raise
-            log.debug("relist from %s refused, reading etcd query=%s: %s", since, self.query, exc)
-            items, version = await self._list_from("")
-        self.stats.lists += 1
-        log.debug("listed query=%s items=%d version=%s", self.query, len(items), version)
+        items: Items | None
+        answer = None
+        if since and self._relists is not None:
+            query = self.query
+            answer = await self._relists.check(query.kind, query.namespace, query.name, since)
+        if answer is not None:  # no list of its own: gone, or as it was (nothing to deliver)
+            items, version = ([] if answer.gone else None), answer.version
+        else:
+            items, version = await self._list_since(since)
+            self.stats.lists += 1
+        log.debug(
+            "listed query=%s items=%s version=%s",
+            self.query,
+            "unchanged" if items is None else len(items),
+            version,
+        )
         horizon = self._client.horizon
         if behind_horizon(horizon, self.query.kind, version):  # (4): not this server's
             del horizon[self.query.kind]
         self.refused = ""
-        await self._handler.on_replace(items)
+        if items is not None:
+            await self._handler.on_replace(items)
         self.synced = _raised(self.synced)
         self.settled = _raised(self.settled)
         if self._backoff is not None:
             self._backoff.reset()
         return str(version)
+
+    async def _list_since(self, since: str) -> tuple[Items, str]:
+        try:
+            return await self._list_from(since)
+        except ApiError as exc:
+            if not since or exc.code not in (410, 504):
+                raise
+            log.debug("relist from %s refused, reading etcd query=%s: %s", since, self.query, exc)
+            return await self._list_from("")
 
     async def _list_from(self, resource_version: str) -> tuple[Items, str]:
         return await self._client.list(

@@ -12,6 +12,9 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
   WATCH (a stream of `{"type", "object"}` lines from a resourceVersion; BOOKMARK
   events when `allowWatchBookmarks`; an `ERROR` event carrying a 410 Status when the version is
   older than the compacted history; the stream ends after `timeoutSeconds`);
+- a LIST of metadata alone (`Accept: application/json;as=PartialObjectMetadataList;
+  g=meta.k8s.io;v=v1`, client-go's metadata client: each item's `metadata`; another `as=` is a
+  406);
 - `fieldSelector` (`metadata.name`, `metadata.namespace`, `spec.nodeName`; `=`, `==`, `!=`;
   other fields are a 400) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`);
 - TokenRequest (`POST .../serviceaccounts/NAME/token`): the service account must exist ("default"
@@ -137,6 +140,12 @@ class Request:
     query: dict[str, str]
     at: float = field(default_factory=time.monotonic, compare=False)
     """When it came (`time.monotonic()`)."""
+    accept: str = field(default="", compare=False)
+
+    @property
+    def metadata(self) -> bool:
+        """A list of metadata alone was asked for."""
+        return "as=PartialObjectMetadataList" in self.accept
 
     @property
     def watch(self) -> bool:
@@ -618,7 +627,9 @@ class ApiServer:
         url = urllib.parse.urlsplit(stream.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         method = stream.method
-        self.requests.append(Request(method, url.path, query))
+        self.requests.append(
+            Request(method, url.path, query, accept=stream.headers.get("accept", ""))
+        )
         body = json.loads(stream.body) if stream.body else {}
         try:
             if await self._stalled(stream):
@@ -704,7 +715,10 @@ class ApiServer:
             if await self._serve_watch(_Watch(rest[0], namespace, query, stream)):
                 await stream.send(b"", end=True)
         else:
-            await _send_json(stream, 200, self._list(rest[0], namespace, query))
+            listing = self._list(rest[0], namespace, query)
+            if _metadata_asked(stream.headers.get("accept", "")):
+                listing = _metadata_list(listing)
+            await _send_json(stream, 200, listing)
 
     async def _stalled(self, stream: ServerStream) -> bool:
         """While the fault is "stall", hold a request unanswered. True if its client left."""
@@ -831,6 +845,40 @@ async def _send_event(stream: ServerStream, event: Obj, *, cut: bool = False) ->
 
 
 # -- helpers -------------------------------------------------------------------------------------
+
+
+def _metadata_asked(accept: str) -> bool:
+    """Whether `accept` asks for a list of metadata (client-go's metadata client), as
+    kube-apiserver reads it: `application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1`.
+    Any other `as=` is kube-apiserver's 406."""
+    media, *params = (part.strip() for part in accept.split(";"))
+    asked = dict(param.partition("=")[::2] for param in params)
+    if "as" not in asked:
+        return False
+    if media == "application/json" and asked == {
+        "as": "PartialObjectMetadataList",
+        "g": "meta.k8s.io",
+        "v": "v1",
+    }:
+        return True
+    raise ApiError(406, "NotAcceptable", f"only the following media types are accepted: {accept}")
+
+
+def _metadata_list(listing: Obj) -> Obj:
+    """A list as kube-apiserver answers a metadata client: each item's metadata alone."""
+    return {
+        "kind": "PartialObjectMetadataList",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": listing["metadata"],
+        "items": [
+            {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": item["metadata"],
+            }
+            for item in listing["items"]
+        ],
+    }
 
 
 def _selector(resource: str, query: dict[str, str]) -> Any:

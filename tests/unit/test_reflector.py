@@ -20,6 +20,7 @@ import trio.testing
 
 from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable, behind_horizon
 from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Callbacks, Query, Reflector
+from fusevol.kube.relists import Answer
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
 
     from fusevol.kube.client import KubeClient
     from fusevol.kube.listing import Items
+    from fusevol.kube.relists import Relists
 
 Obj = dict[str, Any]
 QUERY = Query(Kind.CONFIG_MAP, "default", "metadata.name=app")
@@ -209,6 +211,60 @@ async def test_a_relist_after_410_is_no_older_than_the_last_version_else_from_et
     (await mirror.watching(2)).send("ERROR", gone)
     await mirror.watching(3)
     assert mirror.client.list_versions == ["", "15", "10", ""]
+
+
+@dataclass
+class ScriptedRelists:
+    """`Relists` that answers from a list the test gives, and records what it was asked."""
+
+    answers: list[Answer | None]
+    asked: list[tuple[Kind, str | None, str, str]] = field(default_factory=list)
+
+    async def check(
+        self, kind: Kind, namespace: str | None, name: str, since: str
+    ) -> Answer | None:
+        self.asked.append((kind, namespace, name, since))
+        return self.answers.pop(0)
+
+
+async def test_a_relist_answered_with_its_namespace_reads_its_object_only_if_it_changed() -> None:
+    client = ScriptedClient(items=[configmap("10")])
+    relists = ScriptedRelists([Answer("20", gone=False), Answer("30", gone=True), None])
+    calls: list[object] = []
+
+    async def on_replace(items: Items) -> None:
+        calls.append([i["metadata"]["resourceVersion"] for i in items])
+
+    async def on_event(kind: str, obj: Obj) -> None:
+        calls.append(kind)
+
+    reflector = Reflector(
+        client=cast("KubeClient", client),
+        query=Query(QUERY.kind, QUERY.namespace, "", name="app"),  # one named object
+        handler=Callbacks(on_replace, on_event),
+        backoff=Backoff(initial_s=0.01, max_s=0.05),
+        relists=cast("Relists", relists),
+    )
+    mirror = Mirror(client, reflector, [])
+    gone = {"code": 410, "reason": "Expired", "message": "too old resource version"}
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reflector.run)
+        (await mirror.watching(1)).send("ERROR", gone)
+        # Unchanged since the version its watch saw: not read, nothing delivered.
+        second = await mirror.watching(2)
+        assert (second.resource_version, client.lists, calls) == ("20", 1, [["10"]])
+        second.send("ERROR", gone)
+        # Gone: an empty list delivered, as its own list would have said.
+        third = await mirror.watching(3)
+        assert (third.resource_version, client.lists, calls) == ("30", 1, [["10"], []])
+        third.send("ERROR", gone)
+        # Changed (or no answer): its own list, no older than the version its watch saw.
+        assert (await mirror.watching(4)).resource_version == "10"
+        assert calls == [["10"], [], ["10"]]
+        assert client.list_versions == ["", "30"]
+        nursery.cancel_scope.cancel()
+    assert relists.asked == [(Kind.CONFIG_MAP, "default", "app", v) for v in ("10", "20", "30")]
+    assert reflector.stats.lists == 2  # its own lists only: the namespace's are counted there
 
 
 async def test_a_failed_watch_retries_from_its_version_warning_once(

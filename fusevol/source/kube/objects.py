@@ -7,6 +7,8 @@ docs/kubelet.md fact 7):
   object seen `immutable: true` is not watched any more (it cannot change; it stays in the store).
   An edit reaches the store as soon as the API server sends its watch event. Watches start
   `STARTS_AT_ONCE` at a time, the others queued; an idle one holds no task (the reflector parks).
+  Those read with the agent's own credentials relist together (`fusevol.kube.relists`: after an
+  API server restart, one list of names and versions per namespace and kind, not one per object).
 - `FetchedObjects` (Cache and Get): a GET per object when a pod that references it is added or
   updated (for Cache this invalidates the cached copy, as kubelet's `AddReference` does), and at
   every sync period either for each object whose copy is older than the TTL (Cache, a cachetools
@@ -42,6 +44,7 @@ from fusevol.base.errors import FusevolError
 from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert
 from fusevol.kube.reflector import Query, Reflector, ReflectorStatistics
+from fusevol.kube.relists import Relists
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 
 if TYPE_CHECKING:
@@ -121,6 +124,8 @@ class WatchedObjects:
         self._starts_ended = 0
         self._reflected = ReflectorStatistics()
         """Every watch's reflector counts here (`fetches`: lists since the start)."""
+        self._relists = Relists(client)
+        """Where the watches read with `client` relist together (`fusevol.kube.relists`)."""
 
     def set_wanted(self, keys: set[ObjectKey]) -> None:
         for key in self._watches.keys() - keys:
@@ -170,7 +175,7 @@ class WatchedObjects:
             objects=len(self._watches) + len(self._immutable),
             watches=len(self._watches),
             immutable=len(self._immutable),
-            fetches=self._reflected.lists,
+            fetches=self._reflected.lists + self._relists.lists,
         )
 
     def _start(self, key: ObjectKey) -> None:
@@ -213,12 +218,14 @@ class _Watch:
         self.key = key
         self.scope: trio.CancelScope | None = None
         """The running task's, None while parked."""
+        client = tracker._client_for(key)
         self.reflector = Reflector(
-            client=tracker._client_for(key),
+            client=client,
             query=Query(key.kind, key.namespace or None, "", name=key.name),
             handler=self,
             resume=self,  # called, a watch resumes: no bound method kept for each of thousands
             stats=tracker._reflected,
+            relists=tracker._relists if client is tracker._client else None,
         )
 
     async def run(self) -> None:

@@ -1,0 +1,119 @@
+"""The watches of one namespace that relist together (an API server restart) ask the server once:
+`fusevol.kube.relists` through the agent's client, against the loopback API server, with
+objects as kube-apiserver stores them. What each relist is told is checked against what the
+server holds, and the requests against the server's record."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.kube import relists as relists_module
+from fusevol.kube.client import KubeClient
+from fusevol.kube.relists import BATCH_MIN, SIZE_RATIO, Answer, Relists
+from fusevol.model import Kind
+from tests.helpers.h2server import certificates
+from tests.kube.conftest import configmap
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pytest
+
+    from tests.helpers.apiserver import ApiServer
+
+OBJECTS = 20
+
+
+def populate(api: ApiServer, count: int) -> str:
+    """ConfigMaps cm-0... of namespace default; the resourceVersion after them (what their
+    watches last saw)."""
+    for i in range(count):
+        created = api.create(configmap(f"cm-{i}", {"a": str(i)}))
+    return str(created["metadata"]["resourceVersion"])
+
+
+def check_all(relists: Relists, names: list[str], since: str) -> dict[str, Answer | None]:
+    """Every name's relist at once, as after an API server restart."""
+    answers: dict[str, Answer | None] = {}
+
+    async def one(name: str) -> None:
+        answers[name] = await relists.check(Kind.CONFIG_MAP, "default", name, since)
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            for name in names:
+                nursery.start_soon(one, name)
+
+    trio.run(main)
+    return answers
+
+
+def metadata_lists(api: ApiServer) -> list[dict[str, str]]:
+    return [r.query for r in api.requests if r.metadata]
+
+
+def test_relists_of_one_namespace_ask_its_names_and_versions_once(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relists_module, "GATHER_S", 0.05)
+    since = populate(api, OBJECTS)
+    api.create({"kind": "ConfigMap", "metadata": {"name": "cm-1", "namespace": "other"}})
+    # While the watches are away: one object changes, one goes, one comes that none watches.
+    api.update(configmap("cm-3", {"a": "changed"}))
+    api.delete("ConfigMap", "default", "cm-5")
+    version = api.create(configmap("new", {}))["metadata"]["resourceVersion"]
+    client = KubeClient(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
+    relists = Relists(client)
+
+    answers = check_all(relists, [f"cm-{i}" for i in range(OBJECTS)], since)
+
+    assert answers.pop("cm-3") is None  # changed: its reflector lists it
+    assert answers.pop("cm-5") == Answer(version, gone=True)
+    assert set(answers.values()) == {Answer(version, gone=False)}
+    # One list of the namespace's metadata, no older than what the watches saw.
+    (query,) = metadata_lists(api)
+    assert query == {"resourceVersion": since, "resourceVersionMatch": "NotOlderThan"}
+    (request,) = [r for r in api.requests if r.metadata]
+    assert request.path == "/api/v1/namespaces/default/configmaps"
+    assert relists.lists == 1
+    assert relists.answered == OBJECTS - 1
+
+
+def test_a_few_relists_and_a_large_namespace_list_their_own_objects(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relists_module, "GATHER_S", 0.05)
+    waiting = BATCH_MIN
+    since = populate(api, waiting * SIZE_RATIO + 1)
+    client = KubeClient(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig"))
+    relists = Relists(client)
+    names = [f"cm-{i}" for i in range(waiting)]
+
+    # One fewer than BATCH_MIN: no list; each relist lists its own object.
+    assert check_all(relists, names[1:], since) == dict.fromkeys(names[1:])
+    assert metadata_lists(api) == []
+    # BATCH_MIN: one list, of a namespace larger than SIZE_RATIO times them...
+    assert None not in check_all(relists, names, since).values()
+    assert len(metadata_lists(api)) == 1
+    # ...which is not asked again for as few.
+    assert check_all(relists, names, since) == dict.fromkeys(names)
+    assert len(metadata_lists(api)) == 1
+
+
+def test_a_node_may_not_list_a_namespace_and_is_not_asked_again(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(relists_module, "GATHER_S", 0.05)
+    since = populate(api, OBJECTS)
+    pem = certificates().client("system:node:node-a", ("system:nodes",))
+    kubeconfig = api.write_kubeconfig(tmp_path / "kubelet.conf", client_certificate=pem)
+    relists = Relists(KubeClient(kubeconfig=kubeconfig))
+    names = [f"cm-{i}" for i in range(OBJECTS)]
+
+    assert check_all(relists, names, since) == dict.fromkeys(names)
+    assert check_all(relists, names, since) == dict.fromkeys(names)
+    assert len(metadata_lists(api)) == 1  # refused once (403), never asked again
+    refused = [r for r in api.requests if r.metadata]
+    assert refused[0].path == "/api/v1/namespaces/default/configmaps"
