@@ -2,8 +2,8 @@
 
 After an API server restart, every watch of the agent gets its 410 within a second or two (the
 new server's watch cache starts later than any of them, `reflector` (4)), and each would relist
-its one object: 6000 LISTs at 3000 pods, most of the agent's work for its watches to come back,
-for objects of which almost none changed while the server was away. A reflector of one named
+its one object: 6000 LISTs at 3000 pods, for objects of which almost none changed while the server
+was away. A reflector of one named
 object that relists asks `Relists.check` first. The first of a kind and namespace waits
 `GATHER_S` for the others, then one LIST of the namespace's metadata (names and
 resourceVersions, never an object's data: `KubeClient.list_versions`), no older than the newest
@@ -12,14 +12,17 @@ version any of them saw, answers every one of them:
 - *unchanged*: its object's resourceVersion is not newer than the last its watch saw (so it has
   the object as it is now): the watch resumes from the list's version, the object is not read;
 - *gone*: not in the list: deleted while the watch was away, as an empty list of its own says;
-- *changed*, or anything else: the reflector lists its object itself, as before.
+- *changed*, or anything else: the reflector lists its object itself.
 
 When fewer than `BATCH_MIN` wait, or the namespace is many times larger than those waiting
-(`SIZE_RATIO`, from its last list), each lists its own object: one relist after a compaction is
-one small LIST, as before, with `GATHER_S` more to wait. One list of a kind and namespace is in
+(`SIZE_RATIO`, from its last list), each lists its own object: a lone relist after a compaction
+stays one small LIST, `GATHER_S` later. One list of a kind and namespace is in
 flight at a time; who comes meanwhile waits for the next. A failed list answers nobody (each
 lists itself, and meets the failure there with its own backoff); a refused one (403: a node's
 identity may list no namespace, only read its pods' objects) is never asked again for that kind.
+The list carries every object's metadata (labels and annotations too, where `kubectl apply`
+keeps a copy of what it applied: a Secret's data among them), which the agent may list anyway
+(its ClusterRole): decoded one item at a time, only the names and versions kept, nothing logged.
 The objects' resourceVersions are compared as numbers, as the reflector's horizon compares them
 (etcd's revisions); a version that is not a number is left to its reflector.
 
