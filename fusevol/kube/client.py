@@ -252,11 +252,14 @@ class KubeClient:
         resource_version: str = "",
     ) -> tuple[Items, str]:
         """(items, the list's resourceVersion). With `resource_version`, a state no older than it
-        (which the API server serves from its watch cache); without, the latest (from etcd). A
-        large answer's items are decoded one at a time, as they are read (`listing`)."""
+        (which the API server serves from its watch cache; "0": any state it has); without, the
+        latest (from etcd). A large answer's items are decoded one at a time, as they are read
+        (`listing`)."""
         resource = RESOURCES[kind]
         query = {"fieldSelector": field_selector, "labelSelector": label_selector}
-        if resource_version:
+        if resource_version == "0":
+            query["resourceVersion"] = "0"
+        elif resource_version:
             query |= {"resourceVersion": resource_version, "resourceVersionMatch": "NotOlderThan"}
         path = resource.path(namespace)
         text = await self._read("GET", path, query)

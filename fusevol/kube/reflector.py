@@ -4,7 +4,8 @@ client-go's reflector (and kopf's watch loop), as small stages:
 
 1. LIST (with the query's field selector) -> the handler's `on_replace(items)`, the complete
    current state (the list is the handler's: it may empty it once read); `synced` is set after
-   the first one.
+   the first one. The first asks for resourceVersion 0, whatever the API server's watch cache
+   holds, as client-go's first list does (thousands of watches starting read no etcd).
 2. WATCH from the list's resourceVersion, bookmarks requested. Each ADDED/MODIFIED/DELETED event
    goes to its `on_event`; every event, BOOKMARK included, moves the resourceVersion on, so that a
    reconnect resumes where the stream stopped and does not need a relist.
@@ -14,18 +15,18 @@ client-go's reflector (and kopf's watch loop), as small stages:
    later): relist (1), and `on_replace` converges the mirror. The relist asks for a state no older
    than the last resourceVersion seen, which the API server serves from its watch cache (client-go's
    relist after an expired watch); only if it cannot (410, or 504 "too large resource version": a
-   cache behind) is the list read from etcd (resourceVersion unset), as every first list is. After
-   an API server restart every watch gets its 410 at once: thousands of relists, served from the new
-   watch cache; those of one named object each are asked of their kind and namespace together first
-   (`relists`: one list of names and versions), and an object that did not change meanwhile is not
-   read again. The 410's message says where the server's watch cache of the resource starts ("too
-   old resource version: 41 (57)": from 57 on); the client keeps that horizon (`learn_horizon`) and
-   answers every other watch of that resource from before it the server's 410 itself, without a
-   request, queued or not. A list older than the horizon (another API server behind the same
-   address, whose cache is behind) drops it: a wrong horizon costs a list, never a loop. The first
-   time at once; a 410 again before the new watch delivered anything (a server whose watch cache is
-   broken) waits the same backoff as (5), as client-go's reflector waits its backoff before every
-   relist: never a tight list-watch loop against a sick server.
+   cache behind) is the list read from etcd (resourceVersion unset). After an API server restart
+   every watch gets its 410 at once: thousands of relists, served from the new watch cache; those of
+   one named object each are asked of their kind and namespace together first (`relists`: one list
+   of names and versions), and an object that did not change meanwhile is not read again. The 410's
+   message says where the server's watch cache of the resource starts ("too old resource version: 41
+   (57)": from 57 on); the client keeps that horizon (`learn_horizon`) and answers every other watch
+   of that resource from before it the server's 410 itself, without a request, queued or not. A list
+   older than the horizon (another API server behind the same address, whose cache is behind) drops
+   it: a wrong horizon costs a list, never a loop. The first time at once; a 410 again before the
+   new watch delivered anything (a server whose watch cache is broken) waits the same backoff as
+   (5), as client-go's reflector waits its backoff before every relist: never a tight list-watch
+   loop against a sick server.
 5. Any other failure (connection reset, a watch cut mid-event, a 5xx): wait with exponential
    backoff (0.8 s doubling to 30 s, jittered, as client-go's), then resume from the last
    resourceVersion, or relist if there is none. When no connection to the server could be made
@@ -313,7 +314,7 @@ class Reflector:
 
     async def _list_since(self, since: str) -> tuple[Items, str]:
         try:
-            return await self._list_from(since)
+            return await self._list_from(since or "0")  # (1): the watch cache's, any
         except ApiError as exc:
             if not since or exc.code not in (410, 504):
                 raise

@@ -100,7 +100,12 @@ def test_410_gone_relists_and_converges(api: ApiServer, kube_agent: Callable[...
         api.compact()  # ...to find the update's event gone from history
         wait_for(lambda: read(volume / "a") == "2" and read(volume / "b") is None, timeout_s=10)
         assert api.count("GET", "configmaps", watch=False) == lists + 1
-        relist = [r for r in api.requests if r.path.endswith("/configmaps") and not r.watch][-1]
+        first, *_, relist = [
+            r for r in api.requests if r.path.endswith("/configmaps") and not r.watch
+        ]
+        # The first list: whatever the watch cache holds, as client-go's first list asks.
+        assert first.query.get("resourceVersion") == "0"
+        assert "resourceVersionMatch" not in first.query
         # No older than the expired watch's version: the watch cache can serve it, not etcd.
         assert relist.query.get("resourceVersionMatch") == "NotOlderThan"
         assert int(relist.query["resourceVersion"]) > 100

@@ -206,11 +206,11 @@ async def test_a_relist_after_410_is_no_older_than_the_last_version_else_from_et
     first.send("BOOKMARK", {"metadata": {"resourceVersion": "15"}})
     first.send("ERROR", gone)
     await mirror.watching(2)
-    assert mirror.client.list_versions == ["", "15"]  # the watch cache can serve it
+    assert mirror.client.list_versions == ["0", "15"]  # the watch cache can serve them
     mirror.client.too_large = True  # a cache behind that version: read etcd instead
     (await mirror.watching(2)).send("ERROR", gone)
     await mirror.watching(3)
-    assert mirror.client.list_versions == ["", "15", "10", ""]
+    assert mirror.client.list_versions == ["0", "15", "10", ""]
 
 
 @dataclass
@@ -261,7 +261,7 @@ async def test_a_relist_answered_with_its_namespace_reads_its_object_only_if_it_
         # Changed (or no answer): its own list, no older than the version its watch saw.
         assert (await mirror.watching(4)).resource_version == "10"
         assert calls == [["10"], [], ["10"]]
-        assert client.list_versions == ["", "30"]
+        assert client.list_versions == ["0", "30"]
         nursery.cancel_scope.cancel()
     assert relists.asked == [(Kind.CONFIG_MAP, "default", "app", v) for v in ("10", "20", "30")]
     assert reflector.stats.lists == 2  # its own lists only: the namespace's are counted there
@@ -335,7 +335,7 @@ async def test_a_410_naming_where_the_watch_cache_starts_spares_the_other_watche
         nursery.cancel_scope.cancel()
     streams = mirror.client.streams
     assert [s.resource_version for s in streams] == ["10", "31", "31", "30"]
-    assert mirror.client.list_versions == ["", "15", "20"]  # no watch asked from 20
+    assert mirror.client.list_versions == ["0", "15", "20"]  # no watch asked from 20
     assert (behind.stats.expired, behind.stats.watches, ahead.stats.expired) == (1, 1, 0)
     # A list older than the horizon (another API server behind the same address): forgotten.
     mirror.client.version = "25"
