@@ -1,11 +1,10 @@
 """Relists: the watches of one kind and namespace that relist together ask the server once.
 
-After an API server restart, every watch of the agent gets its 410 within a second or two (the
-new server's watch cache starts later than any of them, `reflector` (4)), and each would relist
-its one object: 6000 LISTs at 3000 pods, for objects of which almost none changed while the server
-was away. A reflector of one named
-object that relists asks `Relists.check` first. The first of a kind and namespace waits
-`GATHER_S` for the others, then one LIST of the namespace's metadata (names and
+After an API server restart, every watch of the agent gets its 410 within a second or two (the new
+server's watch cache starts later than any of them, `reflector` (4)), and each would relist its one
+object: 6000 LISTs at 3000 pods, for objects of which almost none changed while the server was away.
+A reflector of one named object that relists asks `Relists.check` first. The first of a kind and
+namespace waits `GATHER_S` for the others, then one LIST of the namespace's metadata (names and
 resourceVersions, never an object's data: `KubeClient.list_versions`), no older than the newest
 version any of them saw, answers every one of them:
 
@@ -16,15 +15,15 @@ version any of them saw, answers every one of them:
 
 When fewer than `BATCH_MIN` wait, or the namespace is many times larger than those waiting
 (`SIZE_RATIO`, from its last list), each lists its own object: a lone relist after a compaction
-stays one small LIST, `GATHER_S` later. One list of a kind and namespace is in
-flight at a time; who comes meanwhile waits for the next. A failed list answers nobody (each
-lists itself, and meets the failure there with its own backoff); a refused one (403: a node's
-identity may list no namespace, only read its pods' objects) is never asked again for that kind.
-The list carries every object's metadata (labels and annotations too, where `kubectl apply`
-keeps a copy of what it applied: a Secret's data among them), which the agent may list anyway
-(its ClusterRole): decoded one item at a time, only the names and versions kept, nothing logged.
-The objects' resourceVersions are compared as numbers, as the reflector's horizon compares them
-(etcd's revisions); a version that is not a number is left to its reflector.
+stays one small LIST, `GATHER_S` later. One list of a kind and namespace is in flight at a time; who
+comes meanwhile waits for the next. A failed list answers nobody (each lists itself, and meets the
+failure there with its own backoff); a refused one (403: a node's identity may list no namespace,
+only read its pods' objects) is never asked again for that kind. The list carries every object's
+metadata (labels and annotations too, where `kubectl apply` keeps a copy of what it applied: a
+Secret's data among them), which the agent may list anyway (its ClusterRole): decoded one item at a
+time, only the names and versions kept, nothing logged. The objects' resourceVersions are compared
+as numbers, as the reflector's horizon compares them (etcd's revisions); a version that is not a
+number is left to its reflector.
 
 Excludes: the reflector's steps (`reflector`), the request itself (`client`).
 """
