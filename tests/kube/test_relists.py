@@ -117,3 +117,32 @@ def test_a_node_may_not_list_a_namespace_and_is_not_asked_again(
     assert len(metadata_lists(api)) == 1  # refused once (403), never asked again
     refused = [r for r in api.requests if r.metadata]
     assert refused[0].path == "/api/v1/namespaces/default/configmaps"
+
+
+def test_the_others_list_their_own_objects_when_the_first_is_stopped_while_it_gathers(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    """The first relist of a namespace lists for all: stopped (its watch closed) before it did,
+    none of the others waits for it longer than it gathered."""
+    since = populate(api, OBJECTS)
+    relists = Relists(KubeClient(kubeconfig=api.write_kubeconfig(tmp_path / "kubeconfig")))
+    answers: dict[str, Answer | None] = {}
+    scopes: dict[str, trio.CancelScope] = {}
+
+    async def one(name: str) -> None:
+        with trio.CancelScope() as scopes[name]:
+            answers[name] = await relists.check(Kind.CONFIG_MAP, "default", name, since)
+
+    async def main() -> None:
+        with trio.fail_after(relists_module.GATHER_S + 5):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(one, "cm-0")
+                await trio.sleep(0.01)  # cm-0 gathers
+                for i in range(1, OBJECTS):
+                    nursery.start_soon(one, f"cm-{i}")
+                await trio.sleep(relists_module.GATHER_S / 2)
+                scopes["cm-0"].cancel()
+
+    trio.run(main)
+    assert answers == {f"cm-{i}": None for i in range(1, OBJECTS)}
+    assert metadata_lists(api) == []
