@@ -48,7 +48,7 @@ import trio
 import fusevol
 from fusevol.base.errors import FusevolError
 from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
-from fusevol.kube.listing import Items, lazy_list
+from fusevol.kube.listing import Items, lazy_list, read_list
 from fusevol.model import Kind
 
 if TYPE_CHECKING:
@@ -277,13 +277,18 @@ class KubeClient:
         return items, str(body.get("metadata", {}).get("resourceVersion", ""))
 
     async def list_versions(
-        self, kind: Kind, *, namespace: str | None, resource_version: str
-    ) -> tuple[dict[str, str], str]:
-        """({name: resourceVersion} of every object of `kind` in `namespace`, the list's
-        resourceVersion), no older than `resource_version`: a list of the objects' metadata alone
+        self, kind: Kind, *, namespace: str | None, resource_version: str, limit: int
+    ) -> Versions:
+        """The names and resourceVersions of the objects of `kind` in `namespace` (at most
+        `limit` of them), no older than `resource_version`: a list of the objects' metadata alone
         (`PartialObjectMetadataList`, meta.k8s.io/v1, as client-go's metadata client asks for it),
-        never their data, however large their data are."""
-        query = {"resourceVersion": resource_version, "resourceVersionMatch": "NotOlderThan"}
+        never their data, however large their data are. With a limit, kube-apiserver v1.28 reads
+        the list from etcd, not from its watch cache: a page of at most `limit` objects."""
+        query = {
+            "resourceVersion": resource_version,
+            "resourceVersionMatch": "NotOlderThan",
+            "limit": str(limit),
+        }
         path = RESOURCES[kind].path(namespace)
         text = await self._read("GET", path, query, accept=_METADATA_LIST)
         try:
@@ -468,6 +473,18 @@ class KubeClient:
         except ConnectionLost as exc:
             raise ApiUnavailable(str(exc), said=exc.said) from None
         raise _api_error(response.status, text)
+
+
+@dataclass(frozen=True, slots=True)
+class Versions:
+    """A list of names and versions (`KubeClient.list_versions`)."""
+
+    names: dict[str, str]
+    """Each listed object's resourceVersion, by name."""
+    resource_version: str
+    """The list's."""
+    total: int
+    """How many objects there are: more than `names` holds when the limit cut the list short."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -684,18 +701,21 @@ def _ssl_context(config: Any, *, client_certificate: bool = True) -> ssl.SSLCont
     return context
 
 
-def _versions(text: bytes) -> tuple[dict[str, str], str]:
-    """A metadata list's {name: resourceVersion} and its own resourceVersion (ValueError if it
-    is none). Its items are decoded one at a time: a large list is transient, and its dicts
-    would otherwise be scattered among what the agent keeps (`listing`)."""
-    items, version = lazy_list(text, kind="PartialObjectMetadata", api_version="meta.k8s.io/v1")
-    versions: dict[str, str] = {}
+def _versions(text: bytes) -> Versions:
+    """A metadata list's answer (ValueError if it is none). Its items are decoded one at a time:
+    a large list is transient, and its dicts would otherwise be scattered among what the agent
+    keeps (`listing`)."""
+    items, listed = read_list(text, kind="PartialObjectMetadata", api_version="meta.k8s.io/v1")
+    names: dict[str, str] = {}
     for item in items:
         metadata = item.get("metadata")
         if not isinstance(metadata, dict) or not isinstance(name := metadata.get("name"), str):
             raise ValueError("an item without metadata.name")
-        versions[name] = str(metadata.get("resourceVersion", ""))
-    return versions, version
+        names[name] = str(metadata.get("resourceVersion", ""))
+    total = len(names)
+    if listed.get("continue"):  # cut short by the limit: how many more, if the server says
+        total += max(1, int(listed.get("remainingItemCount") or 0))
+    return Versions(names, str(listed.get("resourceVersion", "")), total)
 
 
 def _api_error(status: int, text: bytes) -> ApiError:

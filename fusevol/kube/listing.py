@@ -74,16 +74,24 @@ Items: TypeAlias = list[Obj] | LazyItems
 def lazy_list(data: bytes, *, kind: str, api_version: str) -> tuple[LazyItems, str]:
     """A LIST answer's items, decoded as read, and its resourceVersion. ValueError if `data` is
     not such an answer."""
+    items, metadata = read_list(data, kind=kind, api_version=api_version)
+    return items, str(metadata.get("resourceVersion", ""))
+
+
+def read_list(data: bytes, *, kind: str, api_version: str) -> tuple[LazyItems, Obj]:
+    """A LIST answer's items, decoded as read, and its own `metadata` (resourceVersion, and
+    `continue` and `remainingItemCount` when a limit cut it short). ValueError if `data` is not
+    such an answer."""
     text = data.decode()
-    starts, version = scan(text)
-    return LazyItems(text, starts, kind=kind, api_version=api_version), version
+    starts, metadata = scan(text)
+    return LazyItems(text, starts, kind=kind, api_version=api_version), metadata
 
 
-def scan(text: str) -> tuple[array[int], str]:
-    """Where each item of a LIST answer starts in `text`, and the list's resourceVersion.
-    ValueError if `text` is not one JSON object whose `items` (if any) are objects."""
+def scan(text: str) -> tuple[array[int], Obj]:
+    """Where each item of a LIST answer starts in `text`, and the list's `metadata`. ValueError
+    if `text` is not one JSON object whose `items` (if any) are objects."""
     starts: array[int] = array("q")
-    version = ""
+    metadata: Obj = {}
     pos = _expect(text, 0, "{")
     more = not text.startswith("}", pos)
     if not more:
@@ -98,11 +106,11 @@ def scan(text: str) -> tuple[array[int], str]:
         else:
             value, pos = _DECODER.raw_decode(text, pos)
             if key == "metadata" and isinstance(value, dict):
-                version = str(value.get("resourceVersion", ""))
+                metadata = value
         pos, more = _next(text, pos, "}")
     if pos != len(text):
         raise ValueError(f"extra data at {pos}")
-    return starts, version
+    return starts, metadata
 
 
 def _items(text: str, pos: int, starts: array[int]) -> int:

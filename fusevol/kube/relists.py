@@ -13,17 +13,18 @@ version any of them saw, answers every one of them:
 - *gone*: not in the list: deleted while the watch was away, as an empty list of its own says;
 - *changed*, or anything else: the reflector lists its object itself.
 
-When fewer than `BATCH_MIN` wait, or the namespace is many times larger than those waiting
-(`SIZE_RATIO`, from its last list), each lists its own object: a lone relist after a compaction
-stays one small LIST, `GATHER_S` later. One list of a kind and namespace is in flight at a time; who
-comes meanwhile waits for the next. A failed list answers nobody (each lists itself, and meets the
-failure there with its own backoff); a refused one (403: a node's identity may list no namespace,
-only read its pods' objects) is never asked again for that kind. The list carries every object's
-metadata (labels and annotations too, where `kubectl apply` keeps a copy of what it applied: a
-Secret's data among them), which the agent may list anyway (its ClusterRole): decoded one item at a
-time, only the names and versions kept, nothing logged. The objects' resourceVersions are compared
-as numbers, as the reflector's horizon compares them (etcd's revisions); a version that is not a
-number is left to its reflector.
+When fewer than `BATCH_MIN` wait, or the namespace has more than `SIZE_RATIO` times as many objects
+as relists wait (the list asks for at most that many, and a namespace found larger is not asked
+again for as few), each lists its own object: a lone relist after a compaction stays one small LIST,
+`GATHER_S` later. One list of a kind and namespace is in flight at a time; who comes meanwhile waits
+for the next. A failed list answers nobody (each lists itself, and meets the failure there with its
+own backoff); a refused one (403: a node's identity may list no namespace, only read its pods'
+objects) is never asked again for that kind. The list carries every object's metadata (labels and
+annotations too, where `kubectl apply` keeps a copy of what it applied: a Secret's data among them),
+which the agent may list anyway (its ClusterRole): decoded one item at a time, only the names and
+versions kept, nothing logged. The objects' resourceVersions are compared as numbers, as the
+reflector's horizon compares them (etcd's revisions); a version that is not a number is left to its
+reflector.
 
 Excludes: the reflector's steps (`reflector`), the request itself (`client`).
 """
@@ -52,7 +53,10 @@ BATCH_MIN = 8
 """Fewer relists than this list their objects one by one."""
 SIZE_RATIO = 32
 """A namespace's metadata list costs about what this many lists of one object cost (its items are
-decoded, a request is sent): larger than that many times the relists waiting, it is not asked."""
+decoded, a request is sent): it is asked for at most that many times the relists waiting (a
+`limit`: a namespace of 50000 Secrets read for 8 relists would cost a node more than the 8
+lists, and the API server 50000 objects for each node), never again for as few once found
+larger."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,8 +135,11 @@ class Relists:
         newest = str(max(batch.waiting.values()))
         self.lists += 1
         try:
-            versions, batch.version = await self._client.list_versions(
-                kind, namespace=namespace, resource_version=newest
+            listed = await self._client.list_versions(
+                kind,
+                namespace=namespace,
+                resource_version=newest,
+                limit=SIZE_RATIO * len(batch.waiting),
             )
         except ApiError as exc:
             if exc.code == 403:
@@ -148,12 +155,14 @@ class Relists:
         except ApiUnavailable as exc:
             log.debug("metadata list of %s namespace=%s failed: %s", kind, namespace, exc)
             return
-        self._sizes[key] = len(versions)
-        batch.versions = versions
+        self._sizes[key] = listed.total
         log.debug(
-            "relisting %d watches of %ss namespace=%s: one list of %d",
+            "relisting %d watches of %ss namespace=%s: a list of %d of %d",
             len(batch.waiting),
             kind.value.lower(),
             namespace,
-            len(versions),
+            len(listed.names),
+            listed.total,
         )
+        if listed.total == len(listed.names):  # else too large for them: each lists its own
+            batch.versions, batch.version = listed.names, listed.resource_version

@@ -14,7 +14,8 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
   older than the compacted history; the stream ends after `timeoutSeconds`);
 - a LIST of metadata alone (`Accept: application/json;as=PartialObjectMetadataList;
   g=meta.k8s.io;v=v1`, client-go's metadata client: each item's `metadata`; another `as=` is a
-  406);
+  406); a LIST's `limit` (its first page: `metadata.continue`, and `remainingItemCount` when no
+  selector was given; a `continue` is not served, a 400);
 - `fieldSelector` (`metadata.name`, `metadata.namespace`, `spec.nodeName`; `=`, `==`, `!=`;
   other fields are a 400) and `labelSelector` (`k=v`, `k==v`, `k!=v`, `k`, `!k`);
 - TokenRequest (`POST .../serviceaccounts/NAME/token`): the service account must exist ("default"
@@ -550,10 +551,21 @@ class ApiServer:
             ]
             rv = self._rv
         kind = {**NAMESPACED, **CLUSTER}[resource]
+        metadata: Obj = {"resourceVersion": str(rv)}
+        if query.get("continue"):
+            raise ApiError(400, "BadRequest", "continue: not served by this test server")
+        limit = int(query.get("limit") or 0)
+        if 0 < limit < len(items):  # a page, and where the next would start
+            last = items[limit - 1]["metadata"]
+            token = json.dumps({"rv": rv, "start": f"{last.get('namespace', '')}/{last['name']}"})
+            metadata["continue"] = base64.urlsafe_b64encode(token.encode()).decode()
+            if not query.get("fieldSelector") and not query.get("labelSelector"):
+                metadata["remainingItemCount"] = len(items) - limit  # exact: no selector
+            items = items[:limit]
         return {
             "kind": f"{kind}List",
             "apiVersion": _api_version(resource),
-            "metadata": {"resourceVersion": str(rv)},
+            "metadata": metadata,
             "items": items,
         }
 

@@ -74,7 +74,11 @@ def test_relists_of_one_namespace_ask_its_names_and_versions_once(
     assert set(answers.values()) == {Answer(version, gone=False)}
     # One list of the namespace's metadata, no older than what the watches saw.
     (query,) = metadata_lists(api)
-    assert query == {"resourceVersion": since, "resourceVersionMatch": "NotOlderThan"}
+    assert query == {
+        "resourceVersion": since,
+        "resourceVersionMatch": "NotOlderThan",
+        "limit": str(SIZE_RATIO * OBJECTS),
+    }
     (request,) = [r for r in api.requests if r.metadata]
     assert request.path == "/api/v1/namespaces/default/configmaps"
     assert relists.lists == 1
@@ -94,12 +98,16 @@ def test_a_few_relists_and_a_large_namespace_list_their_own_objects(
     # One fewer than BATCH_MIN: no list; each relist lists its own object.
     assert check_all(relists, names[1:], since) == dict.fromkeys(names[1:])
     assert metadata_lists(api) == []
-    # BATCH_MIN: one list, of a namespace larger than SIZE_RATIO times them...
-    assert None not in check_all(relists, names, since).values()
-    assert len(metadata_lists(api)) == 1
-    # ...which is not asked again for as few.
+    # BATCH_MIN: a list of at most SIZE_RATIO times them, which the namespace is larger than...
+    assert check_all(relists, names, since) == dict.fromkeys(names)
+    (query,) = metadata_lists(api)
+    assert query["limit"] == str(SIZE_RATIO * waiting)
+    # ...and so not asked again for as few; for twice as many, the whole namespace.
     assert check_all(relists, names, since) == dict.fromkeys(names)
     assert len(metadata_lists(api)) == 1
+    twice = [f"cm-{i}" for i in range(2 * waiting)]
+    assert None not in check_all(relists, twice, since).values()
+    assert len(metadata_lists(api)) == 2
 
 
 def test_a_node_may_not_list_a_namespace_and_is_not_asked_again(
