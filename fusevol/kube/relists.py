@@ -19,12 +19,12 @@ again for as few), each lists its own object: a lone relist after a compaction s
 `GATHER_S` later. One list of a kind and namespace is in flight at a time; who comes meanwhile waits
 for the next. A failed list answers nobody (each lists itself, and meets the failure there with its
 own backoff); a refused one (403: a node's identity may list no namespace, only read its pods'
-objects) is never asked again for that kind. The list carries every object's metadata (labels and
-annotations too, where `kubectl apply` keeps a copy of what it applied: a Secret's data among them),
-which the agent may list anyway (its ClusterRole): decoded one item at a time, only the names and
-versions kept, nothing logged. The objects' resourceVersions are compared as numbers, as the
-reflector's horizon compares them (etcd's revisions); a version that is not a number is left to its
-reflector.
+objects; a Role may allow some namespaces only) is never asked again for that kind and namespace.
+The list carries every object's metadata (labels and annotations too, where `kubectl apply` keeps a
+copy of what it applied: a Secret's data among them), which the agent may list anyway (its
+ClusterRole): decoded one item at a time, only the names and versions kept, nothing logged. The
+objects' resourceVersions are compared as numbers, as the reflector's horizon compares them (etcd's
+revisions); a version that is not a number is left to its reflector.
 
 Excludes: the reflector's steps (`reflector`), the request itself (`client`).
 """
@@ -87,7 +87,8 @@ class Relists:
         self._listing: dict[tuple[Kind, str | None], trio.Lock] = {}
         self._sizes: dict[tuple[Kind, str | None], int] = {}
         """Each namespace's object count at its last list."""
-        self._refused: set[Kind] = set()
+        self._refused: set[tuple[Kind, str | None]] = set()
+        """Where the server refused the list (403): never asked again."""
         self.lists = 0
         """Metadata lists sent."""
         self.answered = 0
@@ -98,9 +99,9 @@ class Relists:
     ) -> Answer | None:
         """Whether the object `name` needs no list of its own, its watch having last seen
         resourceVersion `since`: the list's answer, or None (list it)."""
-        if kind in self._refused or not since.isdigit():
-            return None
         key = (kind, namespace)
+        if key in self._refused or not since.isdigit():
+            return None
         batch = self._gathering.get(key)
         if batch is None:
             batch = self._gathering[key] = _Batch()
@@ -143,10 +144,12 @@ class Relists:
             )
         except ApiError as exc:
             if exc.code == 403:
-                self._refused.add(kind)
+                self._refused.add(key)
                 log.info(
-                    "the API server refuses to list %ss: their watches relist one at a time: %s",
+                    "the API server refuses to list %ss namespace=%s: their watches relist one "
+                    "at a time: %s",
                     kind.value.lower(),
+                    namespace,
                     exc,
                 )
             else:

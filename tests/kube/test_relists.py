@@ -154,3 +154,40 @@ def test_the_others_list_their_own_objects_when_the_first_is_stopped_while_it_ga
     trio.run(main)
     assert answers == {f"cm-{i}": None for i in range(1, OBJECTS)}
     assert metadata_lists(api) == []
+
+
+def test_a_namespace_refused_by_rbac_leaves_the_others_listed_together(
+    api: ApiServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Role in some namespaces only (the chart's `rbac.namespaces`): the refused namespace is
+    not asked again, the allowed one still is."""
+    monkeypatch.setattr(relists_module, "GATHER_S", 0.05)
+    since = populate(api, OBJECTS)
+    for i in range(OBJECTS):
+        api.create({"kind": "ConfigMap", "metadata": {"name": f"cm-{i}", "namespace": "other"}})
+    api.users["alice-token"] = ("alice", [])
+    api.allow("alice", "list", "configmaps", namespace="default")
+    client = KubeClient(kubeconfig=api.write_kubeconfig(tmp_path / "kc", token="alice-token"))
+    relists = Relists(client)
+    names = [f"cm-{i}" for i in range(OBJECTS)]
+
+    async def both() -> dict[str, list[Answer | None]]:
+        answers: dict[str, list[Answer | None]] = {"default": [], "other": []}
+
+        async def one(namespace: str, name: str) -> None:
+            answer = await relists.check(Kind.CONFIG_MAP, namespace, name, since)
+            answers[namespace].append(answer)
+
+        async with trio.open_nursery() as nursery:
+            for namespace in answers:
+                for name in names:
+                    nursery.start_soon(one, namespace, name)
+        return answers
+
+    for _ in range(2):
+        answers = trio.run(both)
+        assert None not in answers["default"]
+        assert answers["other"] == [None] * OBJECTS
+    paths = [r.path for r in api.requests if r.metadata]
+    assert paths.count("/api/v1/namespaces/default/configmaps") == 2
+    assert paths.count("/api/v1/namespaces/other/configmaps") == 1  # refused once
