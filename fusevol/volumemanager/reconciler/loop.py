@@ -167,17 +167,17 @@ class Reconciler:
                     await self._refresh_first(changed)
                 first = generation  # the changes up to here had their refresh first
                 started = trio.current_time()
-                if not (content_only := self._content_only(changed, ended)):
+                content_only = self._content_only(changed, ended)
+                if not content_only:
                     self._populator.populate()
                 candidates = self._candidates(changed, changes, ended)
-                if candidates is None:
+                if candidates is None:  # a full pass after all (a retry fell due, ...)
                     if content_only:
                         self._populator.populate()
+                        content_only = False
                     self._index_references()
                 spent = trio.current_time() - started
-                steps = self._reconcile_steps(
-                    candidates, all_steps=candidates is None or not content_only
-                )
+                steps = self._reconcile_steps(candidates, all_steps=not content_only)
                 for _ in steps:  # FUSE requests answered in between
                     spent += trio.current_time() - started
                     await trio.lowlevel.checkpoint()
