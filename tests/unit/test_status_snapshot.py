@@ -14,11 +14,12 @@ import trio
 import trio.testing
 
 from fusevol.decode.manifest import parse_manifest
-from fusevol.model import Pod
+from fusevol.model import Pod, PodUID, UniqueVolumeName
 from fusevol.node import layout
+from fusevol.node.layout import Plugin, unique_volume_name
 from fusevol.observe.status import _PAUSE_S, _STEP, StatusReporter
-from fusevol.volumemanager.cache.actual import ActualState
-from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
+from fusevol.volumemanager.cache.desired import CsiVolume, DesiredState, VolumeToServe
 from fusevol.volumemanager.reconciler.executor import Executor
 
 if TYPE_CHECKING:
@@ -236,18 +237,92 @@ def test_container_mounts_are_kept_only_for_pods_whose_subpaths_cost_an_expansio
     assert isinstance(pod, Pod)
     status._desired.set_pod(pod, ())
 
-    async def snapshot() -> dict[str, Any]:
-        steps = status._build()
-        while True:
-            try:
-                next(steps)
-            except StopIteration as done:
-                return {p["name"]: p["containers"] for p in done.value["pods"]}
+    first = snapshot(status)
+    containers = {p["name"]: p["containers"] for p in first["pods"]}
+    assert containers["sub"][0]["mounts"][0]["subPath"] == "sub"
+    assert containers["p000"] == [{"name": "c", "init": False, "mounts": []}]
+    kept = status._mounts[pod.uid]
+    snapshot(status)
+    assert status._mounts[pod.uid] is kept  # kept: the same pod object
+    assert list(status._mounts) == [pod.uid]  # p000's made again: nothing costly to keep
+    status._desired.delete_pod(pod.uid)
+    snapshot(status)
+    assert status._mounts == {}
 
-    first, second = trio.run(snapshot), trio.run(snapshot)
 
-    assert first["sub"][0]["mounts"][0]["subPath"] == "sub"
-    assert second["sub"] is first["sub"]  # kept: the same pod object
-    assert first["p000"] == [{"name": "c", "init": False, "mounts": []}]
-    assert second["p000"] is not first["p000"]  # made again: nothing costly to keep
-    assert list(status._mounts) == [pod.uid]
+def test_the_source_s_pods_those_of_csi_publishes_and_those_of_volumes_left_set_up_are_shown(
+    tmp_path: Path,
+) -> None:
+    """Sorted by namespace, name and uid: a pod of the source with its volumes and containers; a
+    pod that only a CSI publish names (it is gone from the source), with its CSI volume; a pod
+    gone from everything but a volume still set up, with no name. A step builds and encodes
+    `_STEP` pods' entries, and never more."""
+    text = (
+        "kind: Pod\nmetadata:\n  name: web\n  namespace: shop\n"
+        "  uid: 00000000-0000-4000-8000-0000000000a1\n"
+        "spec:\n  containers: [{name: c, volumeMounts: [{name: config, mountPath: /etc/c}]}]\n"
+        "  volumes: [{name: config, configMap: {name: settings}}]\n"
+        "---\n"
+        "kind: Pod\nmetadata:\n  name: api\n  namespace: shop\n"
+        "  uid: 00000000-0000-4000-8000-0000000000a2\n"
+        "spec:\n  containers: [{name: c}]\n"
+        "  volumes: [{name: data, csi: {driver: fusevol.io}}]\n"
+    )
+    web, api = parse_manifest(text.encode(), origin="pods.yaml")
+    assert isinstance(web, Pod)
+    assert isinstance(api, Pod)
+    desired, actual = DesiredState(), ActualState()
+    config = VolumeToServe(
+        unique_volume_name(Plugin.CONFIG_MAP, web.uid, "config"),
+        Plugin.CONFIG_MAP,
+        web,
+        web.volumes[0],
+        spec_name="config",
+    )
+    desired.set_pod(web, (config,))
+    csi_name = UniqueVolumeName("fusevol.io/api-data")
+    desired.set_csi(CsiVolume(csi_name, api, api.volumes[0], tmp_path / "target"))
+    desired.set_resolved(
+        csi_name,
+        VolumeToServe(csi_name, Plugin.CONFIG_MAP, api, api.volumes[0], spec_name="data"),
+    )
+    gone = PodUID("00000000-0000-4000-8000-0000000000ff")
+    for name, plugin, uid, spec_name in (
+        (config.name, Plugin.CONFIG_MAP, web.uid, "config"),
+        (unique_volume_name(Plugin.EMPTY_DIR, gone, "scratch"), Plugin.EMPTY_DIR, gone, "scratch"),
+    ):
+        actual.mark_mounted(MountedVolume(name, plugin, uid, spec_name, f"/v/{spec_name}", ()))
+    status = StatusReporter(
+        root=tmp_path,
+        node_name="node-a",
+        desired=desired,
+        actual=actual,
+        executor=Executor(initial_backoff_s=0.5, max_backoff_s=4.0),
+        object_versions=lambda volume: {"settings": "7"} if volume is config else {},
+    )
+
+    pods = snapshot(status)["pods"]
+
+    assert [(p["namespace"], p["name"], p["desired"]) for p in pods] == [
+        ("", "", False),
+        ("shop", "api", True),
+        ("shop", "web", True),
+    ]
+    scratch, data, config_entry = (p["volumes"] for p in pods)
+    assert [(v["name"], v["type"], v["state"], v["path"]) for v in scratch] == [
+        ("scratch", "empty-dir", "mounted", "/v/scratch")
+    ]
+    assert [(v["name"], v["type"], v["state"], v["read_only"]) for v in data] == [
+        ("data", "configmap", "waiting", False)
+    ]
+    assert [(v["name"], v["state"], v["objects"], v["path"]) for v in config_entry] == [
+        ("config", "mounted", {"settings": "7"}, "/v/config")
+    ]
+    assert "containers" not in pods[0]
+    assert "containers" not in pods[1]
+    assert pods[2]["containers"][0]["mounts"][0]["mountPath"] == "/etc/c"
+
+
+def snapshot(status: StatusReporter) -> dict[str, Any]:
+    """`status`'s snapshot, as `/status` answers it."""
+    return dict(json.loads(trio.run(status.encoded)))

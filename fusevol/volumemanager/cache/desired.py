@@ -141,6 +141,14 @@ class DesiredState:
     def volumes_to_serve(self) -> tuple[VolumeToServe, ...]:
         return (*self._volumes.values(), *self._csi_resolved.values())
 
+    def volumes_of(self, uid: PodUID) -> tuple[VolumeToServe, ...]:
+        """The volumes the source's pod `uid` wants (none if it is not known)."""
+        return self._by_pod.get(uid, ())
+
+    def csi_to_serve(self) -> tuple[VolumeToServe, ...]:
+        """The CSI volumes resolved (`volumes_to_serve` without the source's pods' volumes)."""
+        return tuple(self._csi_resolved.values())
+
     def get(self, name: UniqueVolumeName) -> VolumeToServe | None:
         return self._volumes.get(name) or self._csi_resolved.get(name)
 
