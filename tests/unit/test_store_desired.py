@@ -12,8 +12,12 @@ import trio.testing
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,
+    HostPathVolumeSource,
     Kind,
     ObjectKey,
+    PersistentVolume,
+    PersistentVolumeClaim,
+    PersistentVolumeClaimVolumeSource,
     Pod,
     PodUID,
     ResourceVersion,
@@ -265,6 +269,36 @@ def test_delete_pod_is_idempotent(desired: DesiredState) -> None:
     assert desired.pods() == (other,)
     assert {v.pod.uid for v in desired.volumes_to_serve()} == {"uid-b"}
     assert "kubernetes.io/configmap/uid-a-cfg" not in desired
+
+
+def test_two_volumes_on_one_claim_are_one_volume_and_the_pod_can_go(
+    desired: DesiredState,
+) -> None:
+    """Both are set up as the claim's PersistentVolume (one unique name, one directory named after
+    it); replacing or deleting the pod forgets that one volume once."""
+    store = ObjectStore()
+    store.upsert(
+        PersistentVolumeClaim("ns", "data", ResourceVersion("1"), volume_name="pv-1"),
+    )
+    store.upsert(
+        PersistentVolume("pv-1", ResourceVersion("2"), HostPathVolumeSource("/srv/data")),
+    )
+    pod = dataclasses.replace(
+        POD,
+        volumes=tuple(
+            Volume(VolumeName(name), PersistentVolumeClaimVolumeSource("data")) for name in "ab"
+        ),
+    )
+    resolver = Populator(store=store, desired=desired)
+
+    assert desired.set_pod(pod, tuple(resolver.resolve(pod, v) for v in pod.volumes))
+    [volume] = desired.volumes_to_serve()
+    assert (volume.name, volume.spec_name) == ("kubernetes.io/host-path/uid-a-pv-1", "pv-1")
+    assert len(desired.volumes_of(pod.uid)) == 2
+    newer = dataclasses.replace(pod, resource_version=ResourceVersion("11"))
+    assert desired.set_pod(newer, tuple(resolver.resolve(newer, v) for v in newer.volumes))
+    assert desired.delete_pod(pod.uid)
+    assert desired.volumes_to_serve() == ()
 
 
 def test_readers_hand_out_snapshots(desired: DesiredState) -> None:

@@ -102,7 +102,8 @@ class DesiredState:
         if self._pods.pop(uid, None) is None:
             return False
         for volume in self._by_pod.pop(uid, ()):
-            del self._volumes[volume.name]
+            # two of a pod's volumes on one claim are one volume (its PersistentVolume's name)
+            self._volumes.pop(volume.name, None)
         self._changes.bump()
         return True
 
