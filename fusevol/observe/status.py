@@ -163,7 +163,8 @@ class StatusReporter:
         for i, pod in enumerate(self._desired.pods(), 1):
             if i % _STEP == 0:
                 yield None
-            pods[pod.uid] = _PodRow(pod.namespace, pod.name, pod, desired=True)
+            volumes = self._desired.volumes_of(pod.uid)
+            pods[pod.uid] = _PodRow(pod.namespace, pod.name, pod, desired=True, volumes=volumes)
         for volume in self._desired.csi_to_serve():
             pod = volume.pod  # a CSI volume's pod may be gone from the source (not unpublished)
             if (row := pods.get(pod.uid)) is None:
@@ -183,7 +184,7 @@ class StatusReporter:
         """One pod's entry: its volumes (those of the source's pod, then its CSI volumes, then
         those set up that neither wants any more), and the containers' mounts."""
         volumes: dict[str, dict[str, Any]] = {}
-        for volume in (*self._desired.volumes_of(uid), *row.csi):
+        for volume in (*row.volumes, *row.csi):
             entry = volumes[volume.volume.name] = self._volume(volume.name, volume.volume.name, now)
             entry["objects"] = self._object_versions(volume)
             entry["type"] = volume.plugin.short_name if volume.plugin else "unresolved"
@@ -257,14 +258,25 @@ class _PodRow:
     """A pod of the snapshot, while it is made: where it sorts, and what it shows besides the
     source's volumes (`StatusReporter._pods`)."""
 
-    __slots__ = ("csi", "desired", "leftover", "name", "namespace", "pod")
+    __slots__ = ("csi", "desired", "leftover", "name", "namespace", "pod", "volumes")
 
-    def __init__(self, namespace: str, name: str, pod: Pod | None, *, desired: bool) -> None:
+    def __init__(
+        self,
+        namespace: str,
+        name: str,
+        pod: Pod | None,
+        *,
+        desired: bool,
+        volumes: tuple[VolumeToServe, ...] = (),
+    ) -> None:
         self.namespace = namespace
         self.name = name
         self.pod = pod
         """The source's pod, None for one only a CSI volume or a set-up volume names."""
         self.desired = desired
+        self.volumes = volumes
+        """The source's pod's, as they were when the pods were listed: a pod deleted before its
+        step still shows the volumes it had (set up, or being torn down)."""
         self.csi: list[VolumeToServe] = []
         self.leftover: list[MountedVolume] = []
         """Its volumes set up that nobody wants any more."""

@@ -41,13 +41,19 @@ def reporter(root: Path, at_rest: Callable[[], None] = lambda: None) -> StatusRe
         [pod] = parse_manifest(text.encode(), origin="pods.yaml")
         assert isinstance(pod, Pod)
         desired.set_pod(pod, ())
+    return reporter_of(root, desired, ActualState(), at_rest=at_rest)
+
+
+def reporter_of(
+    root: Path, desired: DesiredState, actual: ActualState, **options: Any
+) -> StatusReporter:
     return StatusReporter(
         root=root,
         node_name="node-a",
         desired=desired,
-        actual=ActualState(),
+        actual=actual,
         executor=Executor(initial_backoff_s=0.5, max_backoff_s=4.0),
-        at_rest=at_rest,
+        **options,
     )
 
 
@@ -292,12 +298,10 @@ def test_the_source_s_pods_those_of_csi_publishes_and_those_of_volumes_left_set_
         (unique_volume_name(Plugin.EMPTY_DIR, gone, "scratch"), Plugin.EMPTY_DIR, gone, "scratch"),
     ):
         actual.mark_mounted(MountedVolume(name, plugin, uid, spec_name, f"/v/{spec_name}", ()))
-    status = StatusReporter(
-        root=tmp_path,
-        node_name="node-a",
-        desired=desired,
-        actual=actual,
-        executor=Executor(initial_backoff_s=0.5, max_backoff_s=4.0),
+    status = reporter_of(
+        tmp_path,
+        desired,
+        actual,
         object_versions=lambda volume: {"settings": "7"} if volume is config else {},
     )
 
@@ -321,6 +325,44 @@ def test_the_source_s_pods_those_of_csi_publishes_and_those_of_volumes_left_set_
     assert "containers" not in pods[0]
     assert "containers" not in pods[1]
     assert pods[2]["containers"][0]["mounts"][0]["mountPath"] == "/etc/c"
+
+
+def test_a_volume_of_a_claim_is_shown_once_by_its_pod_s_name_for_it(tmp_path: Path) -> None:
+    """Set up as its PersistentVolume (directory `pv-1`), a claim's volume is the pod's `data`,
+    not that and a volume `pv-1` besides; a pod deleted once the pods were listed, before its
+    step, still shows it (it is still set up: torn down next)."""
+    text = (
+        "kind: Pod\nmetadata: {name: db, uid: 00000000-0000-4000-8000-0000000000b1}\n"
+        "spec:\n  containers: [{name: c}]\n"
+        "  volumes: [{name: data, persistentVolumeClaim: {claimName: data}}]\n"
+    )
+    [pod] = parse_manifest(text.encode(), origin="pods.yaml")
+    assert isinstance(pod, Pod)
+    desired, actual = DesiredState(), ActualState()
+    name = unique_volume_name(Plugin.HOST_PATH, pod.uid, "pv-1")
+    desired.set_pod(
+        pod, (VolumeToServe(name, Plugin.HOST_PATH, pod, pod.volumes[0], spec_name="pv-1"),)
+    )
+    actual.mark_mounted(MountedVolume(name, Plugin.HOST_PATH, pod.uid, "pv-1", "/srv/pv-1", ()))
+    status = reporter_of(tmp_path, desired, actual)
+
+    [shown] = snapshot(status)["pods"]
+    assert [(v["name"], v["state"], v["path"]) for v in shown["volumes"]] == [
+        ("data", "mounted", "/srv/pv-1")
+    ]
+
+    async def deleted_before_its_step() -> list[bytes]:
+        steps = status._encoded()
+        next(steps)  # the pods listed; the first step of entries comes next
+        desired.delete_pod(pod.uid)
+        while True:
+            try:
+                next(steps)
+            except StopIteration as done:
+                return list(done.value)
+
+    [shown] = json.loads(b"".join(trio.run(deleted_before_its_step)))["pods"]
+    assert [(v["name"], v["state"]) for v in shown["volumes"]] == [("data", "mounted")]
 
 
 def snapshot(status: StatusReporter) -> dict[str, Any]:
