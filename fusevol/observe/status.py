@@ -255,8 +255,8 @@ _LATEST_S = 1.0
 
 
 class _PodRow:
-    """A pod of the snapshot, while it is made: where it sorts, and what it shows besides the
-    source's volumes (`StatusReporter._pods`)."""
+    """A pod of the snapshot, while it is made: where it sorts, and the volumes it shows
+    (`StatusReporter._pods`)."""
 
     __slots__ = ("csi", "desired", "leftover", "name", "namespace", "pod", "volumes")
 
