@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Iterator
+    from collections.abc import Callable, Iterable, Iterator, Reversible
 
     from fusevol.model import Payload
 
@@ -120,7 +120,7 @@ class Entries:
         items = self._items
         return items.keys() if isinstance(items, dict) else items[0::2]
 
-    def values(self) -> Iterable[Node]:
+    def values(self) -> Reversible[Node]:
         items = self._items
         return items.values() if isinstance(items, dict) else items[1::2]
 
@@ -264,10 +264,14 @@ class Tree:
         """Every node of the inode table and every node below one (detached directories keep
         their content for those who hold them), each once."""
         seen: dict[int, Node] = {}
-        for node in list(self._nodes.values()):
-            if node.inode not in seen:
-                for each in walk(node):
-                    seen.setdefault(each.inode, each)
+        for start in list(self._nodes.values()):
+            stack = [start]
+            while stack:  # a walk that stops at what an earlier one saw: each node once
+                node = stack.pop()
+                if node.inode not in seen:
+                    seen[node.inode] = node
+                    if node.children:
+                        stack.extend(reversed(node.children.values()))
         return list(seen.values())
 
     # -- building new, unattached nodes ------------------------------------------------------------
@@ -421,8 +425,8 @@ class Tree:
     def adopt(self, parent: Node, name: bytes, node: Node) -> None:
         """Attach `node` (its lookup count as recorded) at `parent/name`: a recorded mkdir or
         symlink replayed (`fusevol.fuse.snapshot`). Numbers above it are never handed out."""
-        self._attach(parent, name, node)
-        self._next_inode = max(self._next_inode, *(n.inode + 1 for n in walk(node)))
+        below = self._attach(parent, name, node)
+        self._next_inode = max(self._next_inode, max(n.inode for n in below) + 1)
 
     def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
         old_parent = self._directory(old_parent_inode)
@@ -486,24 +490,43 @@ class Tree:
 
     def _add(self, parent: Node, name: bytes, node: Node, *, lookups: int) -> Node:
         """Attach a new `node` at `parent/name`, with the kernel's `lookups` on it (1 for the
-        reply to a mkdir or symlink), and tell the observer."""
+        reply to a mkdir or symlink), and tell the observer. All or nothing: if the observer
+        fails (the reply then says so, and the kernel never learns of `node`), the subtree is
+        detached again, as it was."""
         if name in parent.children:  # type: ignore[operator]
             raise OSError(errno.EEXIST, "exists")
-        self._attach(parent, name, node)
+        mtime_ns = parent.mtime_ns
+        below = self._attach(parent, name, node)
         node.nlookup += lookups
-        if self.observer is not None:
-            self.observer.attached(parent, name, node)
+        try:
+            if self.observer is not None:
+                self.observer.attached(parent, name, node)
+        except BaseException:
+            node.nlookup -= lookups
+            del parent.children[name]  # type: ignore[union-attr]
+            node.parent = None
+            self._forget_all(below)
+            parent.mtime_ns = mtime_ns
+            raise
         return node
 
-    def _attach(self, parent: Node, name: bytes, node: Node) -> None:
+    def _attach(self, parent: Node, name: bytes, node: Node) -> list[Node]:
+        """Link `node` at `parent/name` and enter its subtree in the inode table; returns the
+        subtree's nodes. Nothing changes until the subtree has been walked."""
+        below = list(walk(node))
         _link(parent, name, node)
-        for each in walk(node):
+        for each in below:
             each.attached = True
             self._nodes[each.inode] = each
         self._touch(parent)
+        return below
 
     def _detach(self, node: Node) -> None:
-        for each in walk(node):
+        self._forget_all(walk(node))
+
+    def _forget_all(self, nodes: Iterable[Node]) -> None:
+        """`nodes` are no longer reachable: out of the inode table unless the kernel holds them."""
+        for each in nodes:
             each.attached = False
             if each.nlookup == 0:
                 self._nodes.pop(each.inode, None)
@@ -514,12 +537,25 @@ class Tree:
             directory.mtime_ns = now
 
 
-@functools.lru_cache(maxsize=4096)
 def names(path: str) -> tuple[bytes, ...]:
     """A payload path's names, encoded: the same bytes objects for every volume whose payload
     has that path (most volumes of a cluster share a few key names, each a directory entry and
-    a link name in every volume)."""
+    a link name in every volume). Only short paths are kept: a tenant's 4096-byte paths of 2048
+    names each would hold some 100 KiB apiece in the cache."""
+    if len(path) > _CACHED_PATH_CHARS:
+        return _split(path)
+    return _cached_names(path)
+
+
+_CACHED_PATH_CHARS = 256
+"""Paths `names` keeps: a key (at most 253 bytes) and most item paths."""
+
+
+def _split(path: str) -> tuple[bytes, ...]:
     return tuple(path.encode().split(b"/"))
+
+
+_cached_names = functools.lru_cache(maxsize=4096)(_split)
 
 
 def symlink_gid(parent: Node) -> int:
@@ -534,8 +570,14 @@ def _link(parent: Node, name: bytes, node: Node) -> None:
 
 
 def walk(node: Node) -> Iterator[Node]:
-    """`node` and every node below it, parents first."""
-    yield node
-    if node.children:
-        for child in node.children.values():
-            yield from walk(child)
+    """`node` and every node below it, parents first, each directory's entries in order.
+
+    With a stack of its own, not recursion: a tenant's item path sets the depth (2048 levels fit
+    AtomicWriter's 4096 bytes, `fusevol.projection.paths`), and Python's recursion stops at 1000
+    frames with a RecursionError in whichever request or operation walked."""
+    stack = [node]
+    while stack:
+        each = stack.pop()
+        yield each
+        if each.children:
+            stack.extend(reversed(each.children.values()))
