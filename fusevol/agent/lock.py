@@ -52,7 +52,7 @@ class AgentLock:
     async def acquire(cls, root: Path, backend: MountBackend) -> AgentLock:
         """Take the lock of `root`, waiting for a predecessor that is letting go or dying."""
         path = layout.lock_file(root)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        layout.make_root(root)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
             deadline = time.monotonic() + LOCK_WAIT_S

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = False) -> None:
+def replace_file(path: Path, data: bytes, *, mode: int = 0o600, fsync: bool = False) -> None:
     """Write `data` to `path` atomically: a temporary file beside it (created anew with `mode`,
     less the umask), then a rename over `path`; a reader sees the old file or the new one, never
     part of either. With `fsync` the data is on disk before the rename (state that must survive
@@ -22,7 +22,7 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o666, fsync: bool = Fa
     Each call has a temporary file of its own, so that writers at once (threads, or two
     generations of the agent) never take each other's: the last rename wins. Which state that is
     is the callers' to order (`fusevol.csi.node` has one writer at a time)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
     try:
@@ -46,18 +46,22 @@ def unlink_if_same(path: str | os.PathLike[str], inode: int) -> None:
             os.unlink(path)
 
 
-def mkdir_all(path: str | os.PathLike[str], mode: int) -> None:
+def mkdir_all(path: str | os.PathLike[str], mode: int) -> list[str]:
     """Go's `os.MkdirAll(path, mode)`: every directory it creates gets `mode` (less the umask),
     intermediate ones included (Python's `os.makedirs` applies `mode` to the last one only).
 
     In as few system calls as it can: mkdir from the leaf up until one is made or exists, then
     the missing ones down again; one mkdir(2) when the parent exists. Binds run it in batches of
-    thousands, in a worker thread whose every Python step may wait for the GIL."""
+    thousands, in a worker thread whose every Python step may wait for the GIL.
+
+    Returns the directories it made, the uppermost first."""
     current = os.fspath(path)
     missing = []
+    made: list[str] = []
     while True:
         try:
             os.mkdir(current, mode)
+            made.append(current)
             break
         except FileNotFoundError:
             missing.append(current)
@@ -72,9 +76,11 @@ def mkdir_all(path: str | os.PathLike[str], mode: int) -> None:
     for directory in reversed(missing):
         try:
             os.mkdir(directory, mode)
+            made.append(directory)
         except FileExistsError:  # made meanwhile by someone else
             if not os.path.isdir(directory):
                 raise
+    return made
 
 
 def flock_held(st: os.stat_result, *, locks: str = "/proc/locks") -> bool:

@@ -478,6 +478,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    os.umask(layout.UMASK)  # whatever we were started with: modes never depend on it
     args = _parser().parse_args(argv)
     try:
         if args.command == "run":

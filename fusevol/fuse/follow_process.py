@@ -109,7 +109,8 @@ def ensure_running(root: Path) -> None:
         if own in follow_mounts(root):  # a dead server's mount: its views are stacked anew
             subprocess.run(["umount", "-l", own], check=False, capture_output=True)
         log_path = layout.agent_dir(root) / "follow.log"
-        with open(log_path, "ab") as log_file:
+        fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        with open(fd, "ab") as log_file:
             subprocess.Popen(
                 [sys.executable, "-m", "fusevol.fuse.follow", "--root", str(root)],
                 stdin=subprocess.DEVNULL,

@@ -57,6 +57,10 @@ EMPTY_DIR_MODE = 0o777
 RW_MASK = 0o660
 EXEC_MASK = 0o110
 
+GIT_UMASK = 0o022
+"""git's umask: kubelet's git inherits kubelet's (022 under systemd), so a clone is readable by a
+container's non-root user; fusevol's own is tighter (`fusevol.node.layout.UMASK`)."""
+
 GIT_ENVIRONMENT = {
     "GIT_TERMINAL_PROMPT": "0",
     "GIT_SSH_COMMAND": "ssh -o BatchMode=yes",
@@ -137,6 +141,7 @@ class GitRepo:
                     capture_stderr=True,
                     check=False,
                     start_new_session=True,
+                    umask=GIT_UMASK,
                 )
         except trio.TooSlowError:
             raise VolumeSetupError(

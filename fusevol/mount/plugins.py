@@ -165,10 +165,13 @@ def check_host_path(source: HostPathVolumeSource) -> None:
         raise VolumeSetupError(f"{source.type} is an invalid volume type")
     path = source.path
     if source.type == "DirectoryOrCreate" and not os.path.lexists(path):
-        os.makedirs(path, 0o755, exist_ok=True)
+        for made in mkdir_all(path, 0o755):
+            os.chmod(made, 0o755)  # kubelet's MkdirAll(0755) under the usual umask 022, not ours
     elif source.type == "FileOrCreate" and not os.path.lexists(path):
         try:
-            os.close(os.open(path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, 0o644))
+            fd = os.open(path, os.O_CREAT | os.O_RDONLY | os.O_CLOEXEC, 0o644)
+            os.fchmod(fd, 0o644)  # likewise
+            os.close(fd)
         except OSError as exc:
             raise VolumeSetupError(f"hostPath type check failed: {path}: {exc.strerror}") from None
     check, what = _TYPE_CHECKS[source.type]

@@ -6,11 +6,18 @@
     <root>/fusevol/follow                                 the views' FUSE mount (its own process;
                                                           follow.lock, follow.log beside it)
     <root>/fusevol/mnt                                    the agent's FUSE mount
+    <root>/fusevol/fuse.key                               its connection's key (fuse/naming.py)
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node
     <root>/fusevol/seen.json                              when each pod was first seen
     <root>/fusevol/csi.json                               CSI targets published by kubelet
     <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
+
+Modes: `<root>` (made if missing), `pods/` and everything below it that the agent makes are
+0750 or tighter, as kubelet's `setupDataDirs` makes `/var/lib/kubelet`; `<root>/fusevol/` is
+0700, since it holds the agent's read-write FUSE mount and its sockets; files are 0600. They do
+not depend on the umask fusevol was started with: every fusevol process runs with `UMASK`, and
+`make_root` sets the two directories' modes even where they exist already.
 
 Plugin directory names are kubelet's `EscapeQualifiedName` of the plugin name ("/" -> "~"). The
 spec name is the pod's volume name, or the PersistentVolume's name for a volume that comes
@@ -19,9 +26,12 @@ through a claim (kubelet's `volume.Spec.Name()`).
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import os
 from typing import TYPE_CHECKING
 
+from fusevol.base.fsutil import mkdir_all
 from fusevol.model import (
     ConfigMapVolumeSource,
     DownwardAPIVolumeSource,
@@ -40,6 +50,15 @@ from fusevol.model import (
 
 if TYPE_CHECKING:
     from pathlib import Path
+
+UMASK = 0o027
+"""The umask of every fusevol process, whatever it was started with (`fusevol.cli.main`): a
+directory made with kubelet's 0750 is 0750, a file made 0600 or 0640 is that, and nothing the
+agent makes under the root is ever world-accessible."""
+
+ROOT_MODE = 0o750
+PODS_MODE = 0o750
+AGENT_DIR_MODE = 0o700
 
 FUSE_SUBTYPE = "fusevol"
 FUSE_FSTYPE = f"fuse.{FUSE_SUBTYPE}"
@@ -131,6 +150,16 @@ def agent_dir(root: Path) -> Path:
     return root / "fusevol"
 
 
+def make_root(root: Path) -> None:
+    """Make `root` (0750, if missing), `pods/` (0750) and `fusevol/` (0700), and give the last
+    two their modes if they were there with others (an older agent's, or another umask's)."""
+    mkdir_all(root, ROOT_MODE)
+    for directory, mode in ((pods_dir(root), PODS_MODE), (agent_dir(root), AGENT_DIR_MODE)):
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(directory, mode)
+        os.chmod(directory, mode)
+
+
 def lock_file(root: Path) -> Path:
     """The agent lock (`fusevol.agent.lock`): an flock, and the holder's pid."""
     return agent_dir(root) / "lock"
@@ -150,6 +179,12 @@ def holder_socket(root: Path) -> Path:
     """Where `fusevol hold` keeps the agent's FUSE connection for the next agent
     (`fusevol.agent.holder`)."""
     return agent_dir(root) / "holder.sock"
+
+
+def fuse_key_file(root: Path) -> Path:
+    """The FUSE connection's key (`fusevol.fuse.naming`): made with the mount, read by an agent
+    that takes the connection over."""
+    return agent_dir(root) / "fuse.key"
 
 
 def status_file(root: Path) -> Path:
