@@ -340,13 +340,17 @@ def running_agent(
     *extra_args: str,
     env: dict[str, str] | None = None,
     expect_log: tuple[str, ...] = (),
+    wrapper: tuple[str, ...] = (),
 ) -> Iterator[AgentProcess]:
-    """An agent started on `manifests` (see `AgentProcess`), checked and removed at the end.
+    """An agent started on `manifests` (see `AgentProcess`, and its `wrapper`), checked and
+    removed at the end.
 
     `expect_log`: patterns of the WARNING/ERROR lines the test provokes (see `expect_log()`);
     a test can also declare them later on the agent it gets.
     """
-    agent = AgentProcess(manifests=manifests, root=root, extra_args=extra_args, env=env)
+    agent = AgentProcess(
+        manifests=manifests, root=root, extra_args=extra_args, env=env, wrapper=wrapper
+    )
     agent.expect_log(*expect_log)
     try:
         yield agent.start()  # inside: an agent that fails to get ready is removed too

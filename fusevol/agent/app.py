@@ -58,6 +58,7 @@ from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
 from fusevol.agent.source_setup import build_source
 from fusevol.fuse import follow_process, snapshot
+from fusevol.fuse.naming import ConnectionKey
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, serve
@@ -308,12 +309,14 @@ class Agent:
             predecessor = await find_predecessor(layout.handover_socket(root))
             if self._take_over is None:  # else our predecessor's mount is alive: ours now
                 await detach_dead_fuse_mounts(self.backend, root)  # (2)
+            self.operations.key = ConnectionKey.for_connection(
+                layout.fuse_key_file(root), fresh=self._take_over is None
+            )
             found = reconstruct(root)
             for volume in found:
                 self.actual.mark_mounted(volume)
             if self._manifest_recorder is not None:
                 self._manifest_recorder.load()  # the PVs this node provisioned, before any source
-            layout.pods_dir(root).mkdir(parents=True, exist_ok=True)
             if self._take_over is None:  # (its stat would wait for our own FUSE server)
                 layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,

@@ -7,6 +7,15 @@ rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from the agent'
 (`is_agent(pid, uid, gid)`: its helper processes, `fusevol.fuse.vfs_helper`), and answered EROFS
 for any other process. Everything that would write file data or attributes is EROFS for all.
 
+No request ends the server: a handler that raises anything but an OSError (which answers its
+errno) answers EIO and logs one line (`_answering_errors`), whatever the input behind it.
+
+What one pod's container could reach of another's through the one superblock they share is closed
+here and in `fusevol.fuse.naming`: no export support (the kernel decodes no file handle to a node
+it does not hold), unguessable node ids and generations for the handles of those it holds, and
+the mount's root, whose handle is fixed, lists its entries only to callers in the agent's own
+mount namespace (docs/security.md).
+
 Permission checks are the kernel's (`default_permissions`), from the modes and owners in the tree.
 Entries and attributes may be cached for long: a visible node never changes (tree.py), and every
 structural change goes through the VFS, which keeps the kernel's caches right by itself, but the
@@ -27,15 +36,20 @@ from __future__ import annotations
 
 import collections
 import errno
+import functools
 import logging
 import os
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+import time
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import pyfuse3
+
+from fusevol.fuse.tree import ROOT_INODE
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from fusevol.fuse.naming import ConnectionKey
     from fusevol.fuse.tree import Node, Tree
 
 log = logging.getLogger(__name__)
@@ -44,6 +58,43 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
+FAILURE_LOG_INTERVAL_S = 60.0
+"""A handler's failures of one kind are logged once in this long; all are counted."""
+
+
+def _answering_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Make `handler` answer every failure: an OSError its errno, anything else (a bug, or input
+    nothing bounded) EIO, with one log line. pyfuse3 would end `main()` on the latter, and the
+    mount with it, for every pod of the node."""
+    name = handler.__name__
+
+    @functools.wraps(handler)
+    async def answering(self: Operations, *args: Any) -> Any:
+        try:
+            return await handler(self, *args)
+        except pyfuse3.FUSEError:
+            raise
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+        except Exception as exc:
+            self.failed(name, exc)
+            raise pyfuse3.FUSEError(errno.EIO) from None
+
+    return answering
+
+
+def own_mount_namespace() -> str:
+    return os.readlink("/proc/self/ns/mnt")
+
+
+def in_mount_namespace(pid: int, namespace: str) -> bool:
+    """True if the process (or thread) `pid`, as our PID namespace numbers it, is in mount
+    namespace `namespace`; False for pid 0 (a process our PID namespace does not see)."""
+    try:
+        return pid > 0 and os.readlink(f"/proc/{pid}/ns/mnt") == namespace
+    except OSError:
+        return False
 
 
 def negotiated_capabilities() -> frozenset[str]:
@@ -55,7 +106,9 @@ def negotiated_capabilities() -> frozenset[str]:
 
 
 class Operations(pyfuse3.Operations):
-    supports_dot_lookup = True
+    supports_dot_lookup = False
+    """Also what makes pyfuse3 ask for export support: without it the kernel decodes no file
+    handle to a node it does not hold (module docstring)."""
     enable_writeback_cache = False
     enable_acl = False
     enable_symlink_cache = True
@@ -63,6 +116,10 @@ class Operations(pyfuse3.Operations):
     targets. Read by the patched pyfuse3 only, like `enable_no_open`."""
     enable_no_open = True
     """`open` may answer ENOSYS, after which the kernel opens files by itself (module docstring)."""
+    refuse_locks = True
+    """Every lock request answers ENOLCK (patched pyfuse3 only): a served file's inode is shared
+    by the pods of a subtree, so a lock the kernel kept would let one pod block another's, a
+    channel between pods kubelet's per-pod copies do not have (docs/security.md)."""
 
     def __init__(
         self,
@@ -71,10 +128,15 @@ class Operations(pyfuse3.Operations):
         is_agent: Callable[[int, int, int], bool],
         entry_timeout_s: float,
         attr_timeout_s: float,
+        key: ConnectionKey | None = None,
     ) -> None:
+        """`key`: the connection's (`fusevol.fuse.naming`), which may also be given once the
+        agent has read it, before it serves; without one, every generation is 0."""
         super().__init__()
         self._tree = tree
         self._is_agent = is_agent
+        self.key = key
+        self._mount_namespace = own_mount_namespace()
         self._entry_timeout_s = entry_timeout_s
         self._attr_timeout_s = attr_timeout_s
         self.requests: collections.Counter[str] = collections.Counter()
@@ -82,6 +144,24 @@ class Operations(pyfuse3.Operations):
         self.read_bytes = 0
         self.capabilities: frozenset[str] = frozenset()
         """The optional FUSE capabilities negotiated at INIT (`init`); empty with stock pyfuse3."""
+        self.failures: collections.Counter[str] = collections.Counter()
+        """Requests answered EIO for an unexpected exception, by handler name."""
+        self._failure_logged: dict[tuple[str, str], float] = {}
+
+    def failed(self, handler: str, exc: Exception) -> None:
+        """Count a request that raised `exc`, and log it unless one like it was logged lately."""
+        self.failures[handler] += 1
+        what = (handler, type(exc).__name__)
+        now = time.monotonic()
+        if now - self._failure_logged.get(what, -FAILURE_LOG_INTERVAL_S) >= FAILURE_LOG_INTERVAL_S:
+            self._failure_logged[what] = now
+            log.error(
+                "FUSE %s request failed, answered EIO (%d so far): %s: %.200s",
+                handler,
+                self.failures[handler],
+                type(exc).__name__,
+                exc,
+            )
 
     def init(self) -> None:
         """Called by pyfuse3 once the kernel's INIT request has fixed the capabilities."""
@@ -93,6 +173,7 @@ class Operations(pyfuse3.Operations):
 
     # -- reading -----------------------------------------------------------------------------------
 
+    @_answering_errors
     async def lookup(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -100,20 +181,27 @@ class Operations(pyfuse3.Operations):
         return self._attributes(_call(self._tree.lookup, parent_inode, name))
 
     async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
+        """Has no answer: pyfuse3 would end `main()` on any exception, a FUSEError included."""
         self.requests["forget"] += 1
         for inode, nlookup in inode_list:
-            self._tree.forget(inode, nlookup)
+            try:
+                self._tree.forget(inode, nlookup)
+            except Exception as exc:
+                self.failed("forget", exc)
 
+    @_answering_errors
     async def getattr(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         self.requests["getattr"] += 1
         return self._attributes(_call(self._tree.__getitem__, inode))
 
+    @_answering_errors
     async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
         self.requests["readlink"] += 1
         return _call(self._tree.__getitem__, inode).target
 
+    @_answering_errors
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
@@ -125,6 +213,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel opens files itself from now on
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
+    @_answering_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
         """`fh` is the inode: the handle `open` returns, or what pyfuse3 passes without an open."""
         self.requests["read"] += 1
@@ -132,10 +221,12 @@ class Operations(pyfuse3.Operations):
         self.read_bytes += len(data)
         return data
 
+    @_answering_errors
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
         self.requests["release"] += 1
         pass
 
+    @_answering_errors
     async def opendir(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
@@ -143,8 +234,13 @@ class Operations(pyfuse3.Operations):
         node = _call(self._tree.__getitem__, inode)
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
+        if inode == ROOT_INODE and not in_mount_namespace(ctx.pid, self._mount_namespace):
+            # The root's handle is fixed (1, 0): a container that has it must not learn the
+            # names of other pods' subtrees (fusevol.fuse.naming).
+            raise pyfuse3.FUSEError(errno.EACCES)
         return pyfuse3.FileHandleT(inode)
 
+    @_answering_errors
     async def readdir(
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
@@ -155,10 +251,12 @@ class Operations(pyfuse3.Operations):
                 return
             self._tree.remember(node)
 
+    @_answering_errors
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
         self.requests["releasedir"] += 1
         pass
 
+    @_answering_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         self.requests["statfs"] += 1
         stats = pyfuse3.StatvfsData()
@@ -169,6 +267,7 @@ class Operations(pyfuse3.Operations):
 
     # -- the agent's publishing operations ---------------------------------------------------------
 
+    @_answering_errors
     async def mkdir(
         self,
         parent_inode: pyfuse3.InodeT,
@@ -180,6 +279,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.mkdir, parent_inode, name))
 
+    @_answering_errors
     async def symlink(
         self,
         parent_inode: pyfuse3.InodeT,
@@ -191,6 +291,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.symlink, parent_inode, name, target))
 
+    @_answering_errors
     async def rename(
         self,
         parent_inode_old: pyfuse3.InodeT,
@@ -206,6 +307,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         _call(self._tree.rename, parent_inode_old, name_old, parent_inode_new, name_new)
 
+    @_answering_errors
     async def unlink(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
@@ -213,6 +315,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         _call(self._tree.unlink, parent_inode, name)
 
+    @_answering_errors
     async def rmdir(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
@@ -222,30 +325,37 @@ class Operations(pyfuse3.Operations):
 
     # -- refused to everyone -----------------------------------------------------------------------
 
+    @_answering_errors
     async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["setattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self.requests["create"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def mknod(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["mknod"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def link(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["link"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def setxattr(self, *args: object) -> None:
         self.requests["setxattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @_answering_errors
     async def removexattr(self, *args: object) -> None:
         self.requests["removexattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
@@ -269,6 +379,8 @@ class Operations(pyfuse3.Operations):
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = node.mtime_ns
         attrs.entry_timeout = self._entry_timeout_s
         attrs.attr_timeout = self._attr_timeout_s
+        if self.key is not None:
+            attrs.generation = self.key.generation(node.inode)
         return attrs
 
 

@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
+from fusevol.fuse.naming import new_inode
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Reversible
 
@@ -462,10 +464,10 @@ class Tree:
     # -- internals ---------------------------------------------------------------------------------
 
     def _new(self, mode: int, uid: int, gid: int, mtime_ns: int | None, **fields: object) -> Node:
-        """A node numbered next, made at `mtime_ns` (now, if None)."""
+        """A node with a new, random id, made at `mtime_ns` (now, if None)."""
         mtime_ns = self._clock_ns() if mtime_ns is None else mtime_ns
-        node = Node(self._next_inode, mode, uid, gid, mtime_ns, **fields)  # type: ignore[arg-type]
-        self._next_inode += 1
+        inode = new_inode(self._nodes)  # unguessable: a file handle names it (naming.py)
+        node = Node(inode, mode, uid, gid, mtime_ns, **fields)  # type: ignore[arg-type]
         return node
 
     def _directory(self, inode: int) -> Node:

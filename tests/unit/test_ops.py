@@ -16,12 +16,14 @@ from typing import TYPE_CHECKING, cast
 import pyfuse3
 import pytest
 
+from fusevol.fuse.naming import SEQUENTIAL_LIMIT, ConnectionKey, new_inode
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.tree import ROOT_INODE, Node, Tree
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+    from pathlib import Path
 
     Operation = Callable[["Mount", pyfuse3.RequestContext], Awaitable[object]]
 
@@ -537,3 +539,66 @@ async def test_missing_inode_is_enoent(
     mount: Mount, operation: Callable[[Mount], Awaitable[object]]
 ) -> None:
     assert await fuse_errno(operation(mount)) == errno.ENOENT
+
+
+# -- what no request may do ------------------------------------------------------------------------
+
+
+class _Broken(Exception):
+    pass
+
+
+async def test_an_unexpected_exception_answers_eio_logs_once_and_counts(
+    mount: Mount, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> object:
+        raise RecursionError("maximum recursion depth exceeded")
+
+    monkeypatch.setattr(mount.tree, "lookup", broken)
+    for _ in range(3):
+        assert await fuse_errno(mount.ops.lookup(ino(mount.volume.inode), fname(b"x"), OTHER)) == (
+            errno.EIO
+        )
+    errors = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert len(errors) == 1
+    assert "lookup" in errors[0].getMessage()
+    assert "RecursionError" in errors[0].getMessage()
+    assert mount.ops.failures["lookup"] == 3
+    caplog.clear()  # expected: the autouse check fails on anything left at WARNING or above
+
+
+async def test_a_failing_forget_raises_nothing(
+    mount: Mount, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(*args: object) -> None:
+        raise _Broken("no")
+
+    monkeypatch.setattr(mount.tree, "forget", broken)
+    await mount.ops.forget([(ino(mount.file().inode), 1)])  # pyfuse3 would end main() on a raise
+    assert mount.ops.failures["forget"] == 1
+    caplog.clear()
+
+
+def test_no_export_support_is_asked_for() -> None:
+    assert Operations.supports_dot_lookup is False  # what makes pyfuse3 ask for it
+
+
+async def test_the_root_lists_only_to_the_agents_mount_namespace(mount: Mount) -> None:
+    assert await fuse_errno(mount.ops.opendir(ino(ROOT_INODE), OTHER)) == errno.EACCES
+    ours = cast("pyfuse3.RequestContext", FakeContext(os.getpid()))
+    assert await mount.ops.opendir(ino(ROOT_INODE), ours) == ROOT_INODE
+    assert await mount.ops.opendir(ino(mount.volume.inode), OTHER) == mount.volume.inode
+
+
+async def test_generations_are_keyed_for_random_node_ids_only(mount: Mount, tmp_path: Path) -> None:
+    mount.ops.key = key = ConnectionKey.for_connection(tmp_path / "key", fresh=True)
+    sequential = await mount.ops.lookup(ino(mount.volume.inode), fname(b"app.conf"), AGENT)
+    assert sequential.generation == 0  # what the kernel holds for nodes an older agent made
+    random_ids = [new_inode(()) for _ in range(64)]
+    generations = {key.generation(i) for i in random_ids}
+    assert len(generations) > 60
+    assert 0 not in generations
+    assert all(i >= SEQUENTIAL_LIMIT for i in random_ids)
+    again = ConnectionKey.for_connection(tmp_path / "key", fresh=False)
+    assert again == key  # a successor that takes the connection over answers the same
+    assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
