@@ -13,10 +13,11 @@ per-pod tmpfs copies have no such reach. Here:
 - Node ids are random 63-bit numbers (`new_inode`) and each node's generation is a keyed hash of
   its id (`ConnectionKey.generation`): a handle to another pod's node cannot be guessed (2^95).
 - The handle of the mount's root, which the kernel gives node id 1 and generation 0 whatever the
-  server says, cannot be made unguessable: the root lists nothing and looks nothing up for a
-  caller outside the agent's mount namespace (`fusevol.fuse.ops`), and the subtrees' names are
-  keyed hashes too (`ConnectionKey.subtree_name`), so what the kernel has cached below the root
-  is reached by no name a container can know but its own volume's (its mountinfo shows it).
+  server says, cannot be made unguessable: the root lists nothing for a caller outside the
+  agent's mount namespace (`fusevol.fuse.ops`). The subtrees' names can be keyed hashes too
+  (`ConnectionKey.subtree_name`), so that what the kernel has cached below the root is reached by
+  no name a container can know but its own volume's (its mountinfo shows it); the reconciler
+  does not use them yet (docs/security.md).
 
 The key belongs to the connection: made when the agent mounts (`<root>/fusevol/fuse.key`, 0600),
 read by an agent that takes the connection over. A connection made by an agent that had no key
