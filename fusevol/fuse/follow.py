@@ -52,6 +52,7 @@ import pyfuse3
 import trio
 
 from fusevol.fuse import follow_process
+from fusevol.fuse.answering import Failures, answering_errors
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
 
@@ -73,6 +74,8 @@ class FollowOperations(pyfuse3.Operations):
 
     def __init__(self, pods: Path) -> None:
         super().__init__()
+        self.failures = Failures()
+        """Requests answered EIO for an unexpected exception (`fusevol.fuse.answering`)."""
         self._pods = os.fsencode(pods)
         self._paths: dict[int, tuple[bytes, ...]] = {pyfuse3.ROOT_INODE: ()}
         self._inodes: dict[tuple[bytes, ...], int] = {(): pyfuse3.ROOT_INODE}
@@ -130,6 +133,7 @@ class FollowOperations(pyfuse3.Operations):
 
     # -- reading -----------------------------------------------------------------------------------
 
+    @answering_errors
     async def lookup(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -148,11 +152,13 @@ class FollowOperations(pyfuse3.Operations):
     async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
         pass  # an inode is a path: kept, so a path keeps its number for as long as the server runs
 
+    @answering_errors
     async def getattr(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         return await self._stat(inode)
 
+    @answering_errors
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
@@ -167,15 +173,18 @@ class FollowOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         return pyfuse3.FileInfo(fh=fd, direct_io=True, keep_cache=False)
 
+    @answering_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
         try:
             return await trio.to_thread.run_sync(os.pread, fh, size, off)
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
 
+    @answering_errors
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
         os.close(fh)
 
+    @answering_errors
     async def opendir(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
@@ -192,6 +201,7 @@ class FollowOperations(pyfuse3.Operations):
         self._dirs[handle] = [(n, self._inode((*parts, n))) for n in sorted(names)]
         return pyfuse3.FileHandleT(handle)
 
+    @answering_errors
     async def readdir(
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
@@ -204,9 +214,11 @@ class FollowOperations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, name, attrs, offset):
                 return
 
+    @answering_errors
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
         self._dirs.pop(fh, None)
 
+    @answering_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         stats = pyfuse3.StatvfsData()
         stats.f_bsize = stats.f_frsize = 4096
@@ -215,12 +227,15 @@ class FollowOperations(pyfuse3.Operations):
 
     # -- 4. refused to everyone --------------------------------------------------------------------
 
+    @answering_errors
     async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @answering_errors
     async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         raise pyfuse3.FUSEError(errno.EROFS)
 
+    @answering_errors
     async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
         raise pyfuse3.FUSEError(errno.EROFS)
 

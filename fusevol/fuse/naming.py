@@ -10,8 +10,10 @@ per-pod tmpfs copies have no such reach. Here:
 
 - The connection never negotiates export support (`fusevol.fuse.ops`): the kernel decodes a handle
   only to a node it holds already, and asks the server nothing.
-- Node ids are random 63-bit numbers (`new_inode`) and each node's generation is a keyed hash of
-  its id (`ConnectionKey.generation`): a handle to another pod's node cannot be guessed (2^95).
+- A node id is its number in order of making with 31 random bits below it (`numbered`), and
+  each node's generation is a keyed hash of its id (`ConnectionKey.generation`): a handle to
+  another pod's node cannot be guessed (2^63 tries for each node); ids still grow in order of
+  making (readdir's order and offsets) and are never handed out twice.
 - The handle of the mount's root, which the kernel gives node id 1 and generation 0 whatever the
   server says, cannot be made unguessable: the root lists nothing for a caller outside the
   agent's mount namespace (`fusevol.fuse.ops`). The subtrees' names can be keyed hashes too
@@ -36,26 +38,29 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Container
     from pathlib import Path
 
 log = logging.getLogger(__name__)
 
 SEQUENTIAL_LIMIT = 1 << 32
 """Node ids below this were numbered in order (by an agent before these ones): their generation
-is 0. Random ones are drawn above it."""
+is 0. `numbered` ones are above it (numbers from 2 on)."""
+_RANDOM_BITS = 31
 
 _KEY_BYTES = 32
 _KEYED_NAMES = b"K"
 _READABLE_NAMES = b"R"
 
 
-def new_inode(taken: Container[int]) -> int:
-    """A node id nobody can guess, not in `taken`."""
-    while True:
-        inode = secrets.randbits(63)
-        if inode >= SEQUENTIAL_LIMIT and inode not in taken:
-            return inode
+def numbered(number: int) -> int:
+    """The node id of the `number`th node made (2 and up): nobody can guess it, and it is above
+    every id of a node made before."""
+    return number << _RANDOM_BITS | secrets.randbits(_RANDOM_BITS)
+
+
+def number_after(inode: int) -> int:
+    """The first number whose ids (`numbered`) are above `inode`, whichever way it was made."""
+    return (inode >> _RANDOM_BITS) + 1 if inode >= SEQUENTIAL_LIMIT else inode + 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,7 @@ rename, unlink, rmdir: `fusevol.fuse.publish`) are accepted only from the agent'
 for any other process. Everything that would write file data or attributes is EROFS for all.
 
 No request ends the server: a handler that raises anything but an OSError (which answers its
-errno) answers EIO and logs one line (`_answering_errors`), whatever the input behind it.
+errno) answers EIO and logs one line (`fusevol.fuse.answering`), whatever the input behind it.
 
 What one pod's container could reach of another's through the one superblock they share is closed
 here and in `fusevol.fuse.naming`: no export support (the kernel decodes no file handle to a node
@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import collections
 import errno
-import functools
 import logging
 import os
-import time
-from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, ParamSpec, TypeVar
 
 import pyfuse3
 
+from fusevol.fuse.answering import Failures, answering_errors
 from fusevol.fuse.tree import ROOT_INODE
 
 if TYPE_CHECKING:
@@ -58,30 +57,6 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-
-FAILURE_LOG_INTERVAL_S = 60.0
-"""A handler's failures of one kind are logged once in this long; all are counted."""
-
-
-def _answering_errors(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """Make `handler` answer every failure: an OSError its errno, anything else (a bug, or input
-    nothing bounded) EIO, with one log line. pyfuse3 would end `main()` on the latter, and the
-    mount with it, for every pod of the node."""
-    name = handler.__name__
-
-    @functools.wraps(handler)
-    async def answering(self: Operations, *args: Any) -> Any:
-        try:
-            return await handler(self, *args)
-        except pyfuse3.FUSEError:
-            raise
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-        except Exception as exc:
-            self.failed(name, exc)
-            raise pyfuse3.FUSEError(errno.EIO) from None
-
-    return answering
 
 
 def own_mount_namespace() -> str:
@@ -144,24 +119,8 @@ class Operations(pyfuse3.Operations):
         self.read_bytes = 0
         self.capabilities: frozenset[str] = frozenset()
         """The optional FUSE capabilities negotiated at INIT (`init`); empty with stock pyfuse3."""
-        self.failures: collections.Counter[str] = collections.Counter()
-        """Requests answered EIO for an unexpected exception, by handler name."""
-        self._failure_logged: dict[tuple[str, str], float] = {}
-
-    def failed(self, handler: str, exc: Exception) -> None:
-        """Count a request that raised `exc`, and log it unless one like it was logged lately."""
-        self.failures[handler] += 1
-        what = (handler, type(exc).__name__)
-        now = time.monotonic()
-        if now - self._failure_logged.get(what, -FAILURE_LOG_INTERVAL_S) >= FAILURE_LOG_INTERVAL_S:
-            self._failure_logged[what] = now
-            log.error(
-                "FUSE %s request failed, answered EIO (%d so far): %s: %.200s",
-                handler,
-                self.failures[handler],
-                type(exc).__name__,
-                exc,
-            )
+        self.failures = Failures()
+        """Requests answered EIO for an unexpected exception (`fusevol.fuse.answering`)."""
 
     def init(self) -> None:
         """Called by pyfuse3 once the kernel's INIT request has fixed the capabilities."""
@@ -173,7 +132,7 @@ class Operations(pyfuse3.Operations):
 
     # -- reading -----------------------------------------------------------------------------------
 
-    @_answering_errors
+    @answering_errors
     async def lookup(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
@@ -187,21 +146,21 @@ class Operations(pyfuse3.Operations):
             try:
                 self._tree.forget(inode, nlookup)
             except Exception as exc:
-                self.failed("forget", exc)
+                self.failures.record("forget", exc)
 
-    @_answering_errors
+    @answering_errors
     async def getattr(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         self.requests["getattr"] += 1
         return self._attributes(_call(self._tree.__getitem__, inode))
 
-    @_answering_errors
+    @answering_errors
     async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
         self.requests["readlink"] += 1
         return _call(self._tree.__getitem__, inode).target
 
-    @_answering_errors
+    @answering_errors
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
@@ -213,7 +172,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel opens files itself from now on
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
 
-    @_answering_errors
+    @answering_errors
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
         """`fh` is the inode: the handle `open` returns, or what pyfuse3 passes without an open."""
         self.requests["read"] += 1
@@ -221,12 +180,12 @@ class Operations(pyfuse3.Operations):
         self.read_bytes += len(data)
         return data
 
-    @_answering_errors
+    @answering_errors
     async def release(self, fh: pyfuse3.FileHandleT) -> None:
         self.requests["release"] += 1
         pass
 
-    @_answering_errors
+    @answering_errors
     async def opendir(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
@@ -240,7 +199,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EACCES)
         return pyfuse3.FileHandleT(inode)
 
-    @_answering_errors
+    @answering_errors
     async def readdir(
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
@@ -251,12 +210,12 @@ class Operations(pyfuse3.Operations):
                 return
             self._tree.remember(node)
 
-    @_answering_errors
+    @answering_errors
     async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
         self.requests["releasedir"] += 1
         pass
 
-    @_answering_errors
+    @answering_errors
     async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
         self.requests["statfs"] += 1
         stats = pyfuse3.StatvfsData()
@@ -267,7 +226,7 @@ class Operations(pyfuse3.Operations):
 
     # -- the agent's publishing operations ---------------------------------------------------------
 
-    @_answering_errors
+    @answering_errors
     async def mkdir(
         self,
         parent_inode: pyfuse3.InodeT,
@@ -279,7 +238,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.mkdir, parent_inode, name))
 
-    @_answering_errors
+    @answering_errors
     async def symlink(
         self,
         parent_inode: pyfuse3.InodeT,
@@ -291,7 +250,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         return self._attributes(_call(self._tree.symlink, parent_inode, name, target))
 
-    @_answering_errors
+    @answering_errors
     async def rename(
         self,
         parent_inode_old: pyfuse3.InodeT,
@@ -307,7 +266,7 @@ class Operations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EINVAL)
         _call(self._tree.rename, parent_inode_old, name_old, parent_inode_new, name_new)
 
-    @_answering_errors
+    @answering_errors
     async def unlink(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
@@ -315,7 +274,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         _call(self._tree.unlink, parent_inode, name)
 
-    @_answering_errors
+    @answering_errors
     async def rmdir(
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> None:
@@ -325,37 +284,37 @@ class Operations(pyfuse3.Operations):
 
     # -- refused to everyone -----------------------------------------------------------------------
 
-    @_answering_errors
+    @answering_errors
     async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["setattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         self.requests["create"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def mknod(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["mknod"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def link(self, *args: object) -> pyfuse3.EntryAttributes:
         self.requests["link"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
         self.requests["write"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def setxattr(self, *args: object) -> None:
         self.requests["setxattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)
 
-    @_answering_errors
+    @answering_errors
     async def removexattr(self, *args: object) -> None:
         self.requests["removexattr"] += 1
         raise pyfuse3.FUSEError(errno.EROFS)

@@ -38,7 +38,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from fusevol.fuse.naming import new_inode
+from fusevol.fuse.naming import number_after, numbered
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Iterator, Reversible
@@ -260,6 +260,7 @@ class Tree:
 
     @property
     def next_inode(self) -> int:
+        """The number the next node is made with (`naming.numbered`): not an id itself."""
         return self._next_inode
 
     def known_nodes(self) -> list[Node]:
@@ -428,7 +429,7 @@ class Tree:
         """Attach `node` (its lookup count as recorded) at `parent/name`: a recorded mkdir or
         symlink replayed (`fusevol.fuse.snapshot`). Numbers above it are never handed out."""
         below = self._attach(parent, name, node)
-        self._next_inode = max(self._next_inode, max(n.inode for n in below) + 1)
+        self._next_inode = max(self._next_inode, *(number_after(n.inode) for n in below))
 
     def rename(self, old_parent_inode: int, old: bytes, new_parent_inode: int, new: bytes) -> None:
         old_parent = self._directory(old_parent_inode)
@@ -464,9 +465,10 @@ class Tree:
     # -- internals ---------------------------------------------------------------------------------
 
     def _new(self, mode: int, uid: int, gid: int, mtime_ns: int | None, **fields: object) -> Node:
-        """A node with a new, random id, made at `mtime_ns` (now, if None)."""
+        """A node numbered next (`naming.numbered`), made at `mtime_ns` (now, if None)."""
         mtime_ns = self._clock_ns() if mtime_ns is None else mtime_ns
-        inode = new_inode(self._nodes)  # unguessable: a file handle names it (naming.py)
+        inode = numbered(self._next_inode)  # unguessable: a file handle names it (naming.py)
+        self._next_inode += 1
         node = Node(inode, mode, uid, gid, mtime_ns, **fields)  # type: ignore[arg-type]
         return node
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, cast
 import pyfuse3
 import pytest
 
-from fusevol.fuse.naming import SEQUENTIAL_LIMIT, ConnectionKey, new_inode
+from fusevol.fuse.naming import SEQUENTIAL_LIMIT, ConnectionKey, numbered
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.tree import ROOT_INODE, Node, Tree
 from fusevol.model import FileProjection
@@ -563,7 +563,7 @@ async def test_an_unexpected_exception_answers_eio_logs_once_and_counts(
     assert len(errors) == 1
     assert "lookup" in errors[0].getMessage()
     assert "RecursionError" in errors[0].getMessage()
-    assert mount.ops.failures["lookup"] == 3
+    assert mount.ops.failures.counts["lookup"] == 3
     caplog.clear()  # expected: the autouse check fails on anything left at WARNING or above
 
 
@@ -575,7 +575,7 @@ async def test_a_failing_forget_raises_nothing(
 
     monkeypatch.setattr(mount.tree, "forget", broken)
     await mount.ops.forget([(ino(mount.file().inode), 1)])  # pyfuse3 would end main() on a raise
-    assert mount.ops.failures["forget"] == 1
+    assert mount.ops.failures.counts["forget"] == 1
     caplog.clear()
 
 
@@ -592,9 +592,10 @@ async def test_the_root_lists_only_to_the_agents_mount_namespace(mount: Mount) -
 
 async def test_generations_are_keyed_for_random_node_ids_only(mount: Mount, tmp_path: Path) -> None:
     mount.ops.key = key = ConnectionKey.for_connection(tmp_path / "key", fresh=True)
-    sequential = await mount.ops.lookup(ino(mount.volume.inode), fname(b"app.conf"), AGENT)
-    assert sequential.generation == 0  # what the kernel holds for nodes an older agent made
-    random_ids = [new_inode(()) for _ in range(64)]
+    entry = await mount.ops.lookup(ino(mount.volume.inode), fname(b"app.conf"), AGENT)
+    assert entry.generation == key.generation(entry.st_ino) != 0
+    assert key.generation(SEQUENTIAL_LIMIT - 1) == 0  # as the kernel holds an older agent's
+    random_ids = [numbered(n) for n in range(2, 66)]
     generations = {key.generation(i) for i in random_ids}
     assert len(generations) > 60
     assert 0 not in generations
