@@ -4,7 +4,8 @@ Owns the rules both builders apply once they hold a `{key: bytes}` view of the o
 (docs/kubelet.md fact 3): a missing object is empty when optional and an error otherwise; without
 items every key becomes a file named after it with `defaultMode`; with items only the listed keys
 are projected, at `item.path` with `item.mode` or `defaultMode`, and a listed key that is absent is
-skipped when optional and an error otherwise. The result goes through `validate_payload`.
+skipped when optional and an error otherwise. The result goes through `validate_payload`; an item
+path it would refuse is refused first with the item's field named (`items[3].path: ...`).
 
 Excludes how each kind turns into that view (`configmap.py`, `secret.py`). Error messages carry
 keys and names only, never data: the same code builds Secret payloads.
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from fusevol.base.errors import VolumeSetupError
 from fusevol.model import FileProjection
-from fusevol.projection.paths import validate_payload
+from fusevol.projection.paths import validate_field, validate_payload
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -32,11 +33,13 @@ def project_keys(
     optional: bool,
     not_found: str,
     missing_key: str,
+    field: str = "items",
 ) -> dict[str, FileProjection]:
     """Build the validated payload of `entries` (None: the object does not exist).
 
     `not_found` is the whole message for a missing object; `missing_key` is the message prefix for
-    an absent listed key, completed with `: <key>` as kubelet does.
+    an absent listed key, completed with `: <key>` as kubelet does. `field` names the items in
+    errors (`sources[1].configMap.items` in a projected volume).
     """
     if entries is None:
         if optional:
@@ -47,12 +50,13 @@ def project_keys(
         for key, value in entries.items():
             payload[key] = FileProjection(data=value, mode=default_mode)
         return validate_payload(payload)
-    for item in items:
+    for index, item in enumerate(items):
         data = entries.get(item.key)
         if data is None:
             if optional:
                 continue
             raise VolumeSetupError(f"{missing_key}: {item.key}")
+        validate_field(item.path, f"{field}[{index}].path")
         mode = default_mode if item.mode is None else item.mode
         payload[item.path] = FileProjection(data=data, mode=mode)
     return validate_payload(payload)

@@ -20,12 +20,12 @@ if TYPE_CHECKING:
 
 
 def make_payload(
-    source: ConfigMapVolumeSource, configmap: ConfigMap | None
+    source: ConfigMapVolumeSource, configmap: ConfigMap | None, *, field: str = "items"
 ) -> dict[str, FileProjection]:
     """Build the validated payload of `source` over `configmap` (None: not found).
 
     Raises `VolumeSetupError` for a missing non-optional ConfigMap or listed key, and
-    `InvalidPayload` for a path AtomicWriter would reject.
+    `InvalidPayload` for a path AtomicWriter would reject (`field` names the items).
     """
     return project_keys(
         entries=None if configmap is None else _entries(configmap, items=bool(source.items)),
@@ -33,6 +33,7 @@ def make_payload(
         default_mode=source.default_mode,
         optional=source.optional,
         not_found=f'configmap "{source.name}" not found',
+        field=field,
         missing_key="configmap references non-existent config key",
     )
 

@@ -10,7 +10,9 @@ Owns:
   or request divided by the divisor, rounded up; a missing or zero cpu, memory or
   ephemeral-storage limit replaced by the node's allocatable);
 - `collect` and `make_payload`: `CollectData` over a volume's items, every item's error kept and
-  reported together the way `utilerrors.NewAggregate` prints them;
+  reported together the way `utilerrors.NewAggregate` prints them (the first
+  `AGGREGATED_AT_MOST` of them: a tenant decides how many there are); the items that read the
+  same field share its bytes, so that many items of one pod's annotations (256 KiB) cost one copy;
 - `NodeAllocatable` and `host_allocatable`: what stands in for the node's allocatable.
 
 Kubelet computes `int64(math.Ceil(float64(a) / float64(b)))`; so does `_ceil_div`, float rounding
@@ -35,7 +37,7 @@ from fusevol.base import quantity
 from fusevol.base.errors import VolumeSetupError
 from fusevol.model import FileProjection
 from fusevol.projection.goquote import format_map, go_quote, to_go_bytes
-from fusevol.projection.paths import clean_path, validate_payload
+from fusevol.projection.paths import clean_path, validate_field, validate_payload
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -292,11 +294,12 @@ def collect(
     """
     payload: dict[str, FileProjection] = {}
     errors: list[str] = []
+    fields: dict[str, bytes] = {}
     for item in items:
         data = b""
         try:
             if item.field_ref is not None:
-                data = to_go_bytes(extract_field_path(pod, item.field_ref.field_path))
+                data = _field_bytes(pod, item.field_ref.field_path, fields)
             elif item.resource_field_ref is not None:
                 text = extract_resource(pod, item.resource_field_ref, allocatable=allocatable)
                 data = text.encode()
@@ -305,6 +308,21 @@ def collect(
         mode = default_mode if item.mode is None else item.mode
         payload[clean_path(item.path)] = FileProjection(data=data, mode=mode, fs_user=fs_user)
     return payload, errors
+
+
+def _field_bytes(pod: Pod, field_path: str, known: dict[str, bytes]) -> bytes:
+    """What `field_path` reads, once per volume: the bytes of `known` if an item read it before."""
+    data = known.get(field_path)
+    if data is None:
+        data = known[field_path] = to_go_bytes(extract_field_path(pod, field_path))
+    return data
+
+
+def check_paths(items: Sequence[DownwardAPIVolumeFile], field: str = "items") -> None:
+    """`InvalidPayload` naming the item (`items[3].path: ...`) whose path AtomicWriter refuses
+    (cleaned first, as `CollectData` cleans it)."""
+    for index, item in enumerate(items):
+        validate_field(clean_path(item.path), f"{field}[{index}].path")
 
 
 def make_payload(
@@ -325,15 +343,26 @@ def make_payload(
     )
     if errors:
         raise VolumeSetupError(aggregate_message(errors))
+    check_paths(items)
     return validate_payload(payload)
+
+
+AGGREGATED_AT_MOST = 10
+"""Distinct errors `aggregate_message` prints; it counts the others. kubelet prints them all, but
+a tenant decides how many there are (one per item), and the message is a log line, an event and
+a status field."""
 
 
 def aggregate_message(messages: Sequence[str]) -> str:
     """`utilerrors.NewAggregate(errs).Error()`: one message as is, several as `[a, b]`.
 
     Repeated messages are printed once; if only one distinct message remains it has no brackets.
+    Beyond `AGGREGATED_AT_MOST` distinct ones, the last is `and N more`.
     """
     distinct = list(dict.fromkeys(messages))
     if len(distinct) <= 1:
         return "".join(distinct)
+    if len(distinct) > AGGREGATED_AT_MOST:
+        more = len(distinct) - AGGREGATED_AT_MOST
+        distinct = [*distinct[:AGGREGATED_AT_MOST], f"and {more} more"]
     return "[" + ", ".join(distinct) + "]"

@@ -27,7 +27,7 @@ from fusevol.model import (
     ServiceAccountTokenProjection,
 )
 from fusevol.projection import configmap, downward, secret
-from fusevol.projection.paths import clean_path, validate_payload
+from fusevol.projection.paths import clean_path, validate_field, validate_payload
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -48,22 +48,34 @@ def make_payload(
     payload: dict[str, FileProjection] = {}
     errors: list[str] = []
     mode = source.default_mode
-    for projection in source.sources:
+    for index, projection in enumerate(source.sources):
+        at = f"sources[{index}]"
         try:
             match projection:
                 case ConfigMapProjection(name=name, items=items, optional=optional):
                     volume = ConfigMapVolumeSource(name, items, mode, optional)
-                    payload.update(configmap.make_payload(volume, get_configmap(name)))
+                    payload.update(
+                        configmap.make_payload(
+                            volume, get_configmap(name), field=f"{at}.configMap.items"
+                        )
+                    )
                 case SecretProjection(name=name, items=items, optional=optional):
                     secret_volume = SecretVolumeSource(name, items, mode, optional)
-                    payload.update(secret.make_payload(secret_volume, get_secret(name)))
+                    payload.update(
+                        secret.make_payload(
+                            secret_volume, get_secret(name), field=f"{at}.secret.items"
+                        )
+                    )
                 case DownwardAPIProjection(items=items):
                     files, item_errors = downward.collect(
                         items, pod, default_mode=mode, allocatable=allocatable
                     )
                     payload.update(files)
                     errors.extend(item_errors)
+                    if not item_errors:
+                        downward.check_paths(items, f"{at}.downwardAPI.items")
                 case ServiceAccountTokenProjection(path=path):
+                    validate_field(clean_path(path), f"{at}.serviceAccountToken.path")
                     token = get_token(projection)
                     if token is None:
                         raise VolumeSetupError(

@@ -15,11 +15,13 @@ if TYPE_CHECKING:
     from fusevol.model import FileProjection, Secret, SecretVolumeSource
 
 
-def make_payload(source: SecretVolumeSource, secret: Secret | None) -> dict[str, FileProjection]:
+def make_payload(
+    source: SecretVolumeSource, secret: Secret | None, *, field: str = "items"
+) -> dict[str, FileProjection]:
     """Build the validated payload of `source` over `secret` (None: not found).
 
     Raises `VolumeSetupError` for a missing non-optional Secret or listed key, and
-    `InvalidPayload` for a path AtomicWriter would reject.
+    `InvalidPayload` for a path AtomicWriter would reject (`field` names the items).
     """
     return project_keys(
         entries=None if secret is None else secret.data,
@@ -27,5 +29,6 @@ def make_payload(source: SecretVolumeSource, secret: Secret | None) -> dict[str,
         default_mode=source.default_mode,
         optional=source.optional,
         not_found=f'secret "{source.secret_name}" not found',
+        field=field,
         missing_key="references non-existent secret key",
     )

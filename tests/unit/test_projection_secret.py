@@ -121,14 +121,14 @@ FAILURES = [
         source(KeyToPath(key="password", path="x/../../password")),
         SECRET,
         InvalidPayload,
-        "invalid path \"x/../../password\": must not contain '..'",
+        "items[0].path: invalid path \"x/../../password\": must not contain '..'",
         id="item-path-escapes",
     ),
     pytest.param(
         source(KeyToPath(key="password", path="..2024_01_01")),
         SECRET,
         InvalidPayload,
-        "invalid path \"..2024_01_01\": must not start with '..'",
+        "items[0].path: invalid path \"..2024_01_01\": must not start with '..'",
         id="item-path-reserved",
     ),
     pytest.param(
