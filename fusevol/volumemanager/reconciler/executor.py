@@ -249,6 +249,9 @@ class Executor:
         status.retry_at = trio.current_time() + delay
         status.failed_inputs = inputs
         level = logging.DEBUG if repeated or is_expected(exc) else logging.ERROR
+        # An unexpected error's traceback once, with its error line; its retries (every 2 min at
+        # most, for as long as the volume exists) are one line each.
+        unexpected = level == logging.ERROR and not isinstance(exc, FusevolError)
         log.log(
             level,
             "%s failed volume=%s%s retry_in=%gs error=%s",
@@ -257,5 +260,5 @@ class Executor:
             f" {status.subject}" if status.subject else "",
             delay,
             message,
-            exc_info=None if isinstance(exc, FusevolError) else exc,
+            exc_info=exc if unexpected else None,
         )

@@ -17,7 +17,9 @@ moving between pods is released first, between the two steps of the provisioner 
                           Delete) once no pod of this node uses them
 
 Steps (1) and (4) wait until every source has delivered its complete initial state
-(`has_added_pods`).
+(`has_added_pods`). Whatever one volume's input does, it fails that volume alone: an operation's
+error is the executor's (backoff, one error line), and so is an error met while the pass asks the
+volume for its inputs (`_inputs`): the volume's operation starts anyway and raises it.
 Each step only *starts* operations in the executor (one per volume, with backoff) and returns, so a
 pass takes microseconds per volume however slow a mount is. What a pass asks of each volume is
 computed once per volume spec (`ServedVolumes`), and passes for ending operations are spaced by
@@ -35,7 +37,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -281,7 +283,10 @@ class Reconciler:
         self._full_wanted, self._last_full = False, trio.current_time()
         self._referencing, self._references_of = SetMultimap(), {}
         for volume in self._desired.volumes_to_serve():
-            keys = self._volumes.objects(volume)
+            try:
+                keys = self._volumes.objects(volume)
+            except Exception:  # its operation says why (`_inputs`); followed by full passes
+                continue
             self._references_of[volume.name] = keys
             for key in keys:
                 self._referencing.add(key, volume.name)
@@ -326,11 +331,12 @@ class Reconciler:
                 continue  # its inputs are not even computed: a pass during a storm of set-ups
             mounted = self._actual.get(volume.name)
             if mounted is None or mounted.state is MountState.UNCERTAIN:
+                inputs = self._inputs(volume)
                 self._start(
                     volume.name,
                     "mount",
-                    functools.partial(self._mount, volume),
-                    inputs=self._volumes.inputs(volume),
+                    functools.partial(self._mount, volume, inputs),
+                    inputs=inputs,
                     subject=_subject(volume.pod),
                     served=_served(volume.plugin),
                 )
@@ -385,16 +391,17 @@ class Reconciler:
             or self._executor.is_pending(volume.name)
         ):
             return False
-        inputs = self._volumes.inputs(volume)
+        inputs = self._inputs(volume)
         if inputs == mounted.inputs:
             return False
-        if self._volumes.is_current(volume, inputs):
+        failed = isinstance(inputs, _Failed)
+        if not failed and self._volumes.is_current(volume, inputs):
             self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
             return False
-        shared = self._volumes.shared_subtree(volume)
+        shared = None if failed else self._volumes.shared_subtree(volume)
         if shared is not None and shared in refreshing:
             return False
-        refresh = functools.partial(self._refresh, volume, mounted)
+        refresh = functools.partial(self._refresh, volume, mounted, inputs)
         if not self._start(
             volume.name,
             "refresh",
@@ -418,8 +425,17 @@ class Reconciler:
 
     # -- operations --------------------------------------------------------------------------------
 
-    async def _mount(self, volume: VolumeToServe) -> None:
+    def _inputs(self, volume: VolumeToServe) -> Hashable:
+        """The volume's inputs, or the `_Failed` error met computing them (module docstring)."""
         try:
+            return self._volumes.inputs(volume)
+        except Exception as exc:
+            return _Failed(f"{type(exc).__name__}: {exc}", exc)
+
+    async def _mount(self, volume: VolumeToServe, inputs: Hashable = None) -> None:
+        try:
+            if isinstance(inputs, _Failed):
+                raise inputs.error
             self._actual.mark_mounted(await self._volumes.set_up(volume))
         except Exception as exc:
             self._on_volume_failed(volume, str(exc) or type(exc).__name__)
@@ -428,8 +444,12 @@ class Reconciler:
             "volume set up volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
         )
 
-    async def _refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> None:
+    async def _refresh(
+        self, volume: VolumeToServe, mounted: MountedVolume, inputs: Hashable = None
+    ) -> None:
         try:
+            if isinstance(inputs, _Failed):
+                raise inputs.error
             self._actual.mark_mounted(await self._volumes.refresh(volume, mounted))
         except Exception as exc:
             self._on_volume_failed(volume, str(exc) or type(exc).__name__)
@@ -491,6 +511,16 @@ class Reconciler:
             await trio.sleep(_SPACING * self._pass_s)
             finished = self._executor.finished
             self._wakeup.set()
+
+
+@dataclass(frozen=True, slots=True)
+class _Failed:
+    """A volume's inputs that could not be computed: equal for the same error, so that its
+    retries wait out the backoff as any failed operation's do."""
+
+    message: str
+    error: Exception = field(compare=False)
+    """Raised by the volume's operation: a new one each pass (`_inputs`)."""
 
 
 _CONTENT_KINDS = frozenset({Kind.CONFIG_MAP, Kind.SECRET, Kind.SERVICE_ACCOUNT_TOKEN})

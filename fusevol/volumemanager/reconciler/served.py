@@ -20,7 +20,10 @@ the same inotify events. The subtree goes with its last user.
 Every operation renders the payload before it changes anything, so bad input (a missing object or
 key, an invalid path) fails before anything on the node changes: a new volume leaves nothing
 behind, and a served one keeps its last good content, as kubelet does. (A volume whose shared
-subtree was published from its very inputs has nothing to render: it only binds.)
+subtree was published from its very inputs has nothing to render: it only binds.) A path that
+kubelet could not write below this volume's own directory, the kernel refusing it as longer than
+PATH_MAX, fails the volume with kubelet's ENAMETOOLONG (`paths.check_written_under`), whether it
+renders or binds a shared subtree (whose longest path is kept for that).
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from fusevol.model import (
 )
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
-from fusevol.projection import configmap, downward, ownership, projected, secret
+from fusevol.projection import configmap, downward, ownership, paths, projected, secret
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Hashable, Iterable
@@ -98,6 +101,9 @@ class _Facts:
     downward: bool
 
 
+_LONG_PATH = 1024
+"""Bytes of a path far enough from PATH_MAX below any volume directory not to be kept."""
+
 SHARED = b"shared-"
 """The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
 _NOTHING = object()
@@ -130,6 +136,9 @@ class ServedVolumes:
         self._published: dict[bytes, Hashable] = {}
         """Each shared subtree's inputs at its last publish: a user whose inputs are these is
         current already (`is_current`), however many pods share it."""
+        self._longest: dict[bytes, str] = {}
+        """Each shared subtree's longest path at its last publish, for the users that bind it
+        without rendering (module docstring); only those of over `_LONG_PATH` bytes."""
         self._locks: collections.defaultdict[bytes, trio.Lock] = collections.defaultdict(trio.Lock)
         """One operation per subtree at a time: the executor serialises volumes, not subtrees.
         Held only while some task holds or awaits it (`_holding`): thousands of subtrees, seldom
@@ -222,6 +231,7 @@ class ServedVolumes:
         """Publish the volume's current content; returns the inputs it was built from."""
         inputs = self.inputs(volume)
         payload = self.render(volume)
+        paths.check_written_under(str(self.path(volume)), payload)
         user = (volume.pod.uid, volume.spec_name)
         name, bound = self._facts_of(volume).subtree, self._subtree_of.get(user)
         if bound is not None and bound != name:
@@ -268,7 +278,10 @@ class ServedVolumes:
             # volumes waiting for one subtree from each holding a payload meanwhile.
             if self._published.get(name, _NOTHING) != inputs:
                 payload = self.render(volume) if render is None else render()
+                paths.check_written_under(str(self.path(volume)), payload)
                 await self._publish(name, volume, payload, inputs)
+            elif name in self._longest:
+                paths.check_written_under(str(self.path(volume)), (self._longest[name],))
             self._users.add(name, user)
             self._subtree_of[user] = name
             if name.startswith(SHARED) and name not in self._objects_of:
@@ -296,6 +309,7 @@ class ServedVolumes:
         async with self._holding(name):
             if name not in self._users:  # nobody came meanwhile
                 self._published.pop(name, None)
+                self._longest.pop(name, None)
                 for key in self._objects_of.pop(name, ()):
                     self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
@@ -335,6 +349,10 @@ class ServedVolumes:
         )
         if name.startswith(SHARED):
             self._published[name] = inputs
+            if 4 * max(map(len, payload), default=0) > _LONG_PATH:  # 4: UTF-8's longest
+                self._longest[name] = max(payload, key=lambda path: len(path.encode()))
+            else:
+                self._longest.pop(name, None)
         return published
 
     def render(self, volume: VolumeToServe) -> Payload:
