@@ -10,7 +10,11 @@ kubelet passes as `volume_context`), kubelet's `podInfoOnMount` keys, its
                              a pod spec (`{configMap: {name: app, items: [...]}}`)
 
 parsed by the pod-spec parser (`fusevol.decode.volume_sources.parse_volumes`), so the same
-defaulting and validation apply. Confinement (anyone who may create a pod writes these attributes):
+defaulting and validation apply. Anyone who may create a pod writes these attributes, so `volume`
+is bounded before it is built: at most `MAX_VOLUME_BYTES` (a ConfigMap's own limit), nested at
+most `MAX_DEPTH` levels, no YAML aliases (which make a few bytes into a graph that every walk
+over it takes exponentially long to visit), and whatever else the YAML parser refuses is an
+INVALID_ARGUMENT too. Confinement (anyone who may create a pod writes these attributes):
 objects come from the pod's own namespace only, so an attribute `namespace` (or a `namespace` key
 anywhere in `volume`) naming another one is refused; any other volume type (hostPath, ...) is
 refused; the target must be kubelet's `<kubelet dir>/pods/<pod
@@ -36,7 +40,7 @@ from typing import TYPE_CHECKING
 import yaml
 
 from fusevol.base.errors import FusevolError, ManifestError
-from fusevol.decode.reader import Reader
+from fusevol.decode.reader import MAX_DATA_BYTES, Reader
 from fusevol.decode.volume_sources import parse_volumes
 from fusevol.model import InvalidVolumeSource, PodUID, Volume, VolumeName, VolumeSource
 
@@ -54,6 +58,17 @@ KUBELET_PREFIX = "csi.storage.k8s.io/"
 ATTRIBUTES = ("configMap", "secret", "volume")
 SERVED_TYPES = ("configMap", "secret", "downwardAPI", "projected")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+MAX_VOLUME_BYTES = MAX_DATA_BYTES
+"""The `volume` attribute's size at most: what a whole ConfigMap may hold (a volume source
+with a thousand items of 1 KiB paths fits)."""
+MAX_DEPTH = 32
+"""Nesting of the `volume` attribute at most: a volume source needs six levels (projected,
+sources, a source, its type, items, an item); the manifest decoder's 500 is for whole objects."""
+
+try:
+    from yaml import CSafeLoader as _SafeLoader
+except ImportError:  # pragma: no cover - PyYAML built without libyaml
+    from yaml import SafeLoader as _SafeLoader  # type: ignore[assignment]
 
 
 class Code(enum.Enum):
@@ -245,12 +260,7 @@ def _in_attribute(error: str) -> str:
 
 
 def _parse_volume(text: str, pod: PodIdentity) -> dict[str, object]:
-    try:
-        value = yaml.safe_load(text)  # JSON is YAML
-    except yaml.YAMLError as exc:
-        raise CsiError(
-            Code.INVALID_ARGUMENT, f"volumeAttributes 'volume' is not YAML or JSON: {exc}"
-        ) from None
+    value = _load(text)
     if not isinstance(value, dict) or len(value) != 1 or next(iter(value)) not in SERVED_TYPES:
         raise CsiError(
             Code.INVALID_ARGUMENT,
@@ -267,17 +277,50 @@ def _parse_volume(text: str, pod: PodIdentity) -> dict[str, object]:
     return value
 
 
+def _load(text: str) -> object:
+    """The `volume` attribute's value, bounded (module docstring), or INVALID_ARGUMENT."""
+    size = len(text.encode(errors="surrogatepass"))
+    if size > MAX_VOLUME_BYTES:
+        raise _refused(f"is too long: must have at most {MAX_VOLUME_BYTES} bytes (has {size})")
+    try:
+        depth = 0
+        for event in yaml.parse(text, Loader=_SafeLoader):  # JSON is YAML
+            if isinstance(event, yaml.AliasEvent):
+                raise _refused("holds a YAML alias: not accepted")
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _refused(f"is nested more than {MAX_DEPTH} levels deep")
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+        return yaml.load(text, Loader=_SafeLoader)
+    except CsiError:
+        raise
+    except yaml.YAMLError as exc:
+        raise _refused(f"is not YAML or JSON: {' '.join(str(exc).split())}") from None
+    except Exception as exc:  # a tag's constructor (`!!timestamp x`): whatever Python raises
+        raise _refused(
+            f"is not YAML or JSON: a tagged value cannot be constructed ({type(exc).__name__})"
+        ) from None
+
+
+def _refused(why: str) -> CsiError:
+    return CsiError(Code.INVALID_ARGUMENT, f"volumeAttributes 'volume' {why}")
+
+
 def _namespaces(value: object) -> list[object]:
-    """Every value of a `namespace` key, at any depth."""
+    """Every value of a `namespace` key, at any depth (a stack of its own: no recursion)."""
     found: list[object] = []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if key == "namespace":
-                found.append(item)
-            found.extend(_namespaces(item))
-    elif isinstance(value, list):
-        for item in value:
-            found.extend(_namespaces(item))
+    stack = [value]
+    while stack:
+        each = stack.pop()
+        if isinstance(each, dict):
+            for key, item in each.items():
+                if key == "namespace":
+                    found.append(item)
+                stack.append(item)
+        elif isinstance(each, list):
+            stack.extend(each)
     return found
 
 
@@ -288,7 +331,7 @@ def _tokens(text: str | None) -> dict[str, bytes]:
     try:
         value = json.loads(text)
         return {str(aud): str(status["token"]).encode() for aud, status in value.items()}
-    except (ValueError, TypeError, KeyError, AttributeError):
+    except (ValueError, TypeError, KeyError, AttributeError, RecursionError):
         raise CsiError(
             Code.INVALID_ARGUMENT, f"{TOKENS} is not kubelet's map of audience to token"
         ) from None

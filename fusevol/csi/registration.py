@@ -23,6 +23,7 @@ import logging
 import os
 import socket
 import threading
+import traceback
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -171,9 +172,45 @@ def listen_in_place(server: grpc.Server, path: Path, name: str) -> int:
 def unary(
     request_type: type[Message], handler: Callable[[Any, grpc.ServicerContext], Message]
 ) -> grpc.RpcMethodHandler[Any, Message]:
-    """A unary gRPC method: `handler` with `request_type` in, any message out."""
+    """A unary gRPC method: `handler` with `request_type` in, any message out. Whatever it
+    raises answers that call, never the server (`guarded`)."""
     return grpc.unary_unary_rpc_method_handler(
-        handler,
+        guarded(handler),
         request_deserializer=request_type.FromString,
         response_serializer=lambda message: message.SerializeToString(),
     )
+
+
+def guarded(
+    handler: Callable[[Any, grpc.ServicerContext], Message],
+) -> Callable[[Any, grpc.ServicerContext], Message]:
+    """`handler`, an unexpected exception of which (a bug, or input nothing bounded yet) answers
+    its call INTERNAL with one log line, where grpcio would answer UNKNOWN and log a traceback.
+    The server and the agent serve on either way; a call the handler aborted keeps its status."""
+    name = getattr(handler, "__name__", "call").lstrip("_")
+
+    def call(request: Any, context: grpc.ServicerContext) -> Message:
+        try:
+            return handler(request, context)
+        except Exception as exc:
+            if _aborted(context):
+                raise
+            where = traceback.extract_tb(exc.__traceback__)[-1]
+            log.error(
+                "csi call failed method=%s error=%s: %s at=%s:%d",
+                name,
+                type(exc).__name__,
+                exc,
+                os.path.basename(where.filename),
+                where.lineno or 0,
+            )
+            context.abort(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+
+    return call
+
+
+def _aborted(context: grpc.ServicerContext) -> bool:
+    """Whether the handler called `context.abort`, whose exception carries the call's status
+    already: grpcio's context says so by `code()`, which its type stubs lack."""
+    code = getattr(context, "code", None)
+    return code is not None and code() is not None

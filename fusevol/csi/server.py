@@ -1,7 +1,9 @@
 """The CSI Identity and Node services of driver `fusevol.io`, over gRPC on a unix socket.
 
 grpcio serves the calls in its own worker threads; each handler calls into the trio agent with
-`trio.from_thread.run` (`CsiNode` does the work there) and maps a `CsiError` to its gRPC status.
+`trio.from_thread.run` (`CsiNode` does the work there) and maps a `CsiError` to its gRPC status;
+any other exception answers its call INTERNAL with one error line (`registration.guarded`), and
+the server and the agent serve on.
 The service table is written here rather than generated (`csi_pb2_grpc.py`): the generated one is
 untyped, and seven typed lines say the same. Messages are generated from `csi.proto`.
 
@@ -290,6 +292,7 @@ class CsiServer:
                     return handler(request, context)
             return self._forward(method, request, response_type, context)
 
+        call.__name__ = method.rsplit("/", 1)[-1]  # what `registration.guarded` logs
         return call
 
     def _forward(
