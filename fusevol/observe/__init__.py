@@ -4,6 +4,7 @@
 types, kubelet's names where kubelet has one; the only user of prometheus_client),
 `component_metrics` (what each component tells Prometheus, read on every scrape), `status`
 (the snapshot `fusevol status` reads, written when the reconciler is quiet), `frozen` (frozen
-volumes named in the status, the metrics and a Warning event) and `auth` (who may read /metrics
-and /status from another host: whom the API server says).
+volumes named in the status, the metrics and a Warning event), `auth` (who may read /metrics
+and /status: root on this node, and whom the API server says) and `peer` (who is at the other
+end of a loopback connection).
 """

@@ -1,23 +1,27 @@
-"""Who may read `/status` and `/metrics` from another host: whom the API server says, as for
-kubelet's own API (docs/kubelet.md fact 12).
+"""Who may read `/status` and `/metrics`: root on this node, and whom the API server says, as for
+kubelet's own API (docs/kubelet.md fact 12). Every caller counts, loopback included: kubelet
+authenticates its loopback callers too.
 
-A caller on a loopback address (the node itself) is answered as before; any other must send a
-bearer token that the API server authenticates (a TokenReview) and authorizes (a
-SubjectAccessReview) for the node's subresource kubelet uses for the same thing: `nodes/metrics`
-for `/metrics`, `nodes/proxy` for everything else it serves (`/status`), verb `get`, name the
-node. `/healthz` and `/readyz` stay open: probes carry no token. As kubelet's authenticator and
-authorizer caches do, answers are kept a while (`cachetools`): an authenticated token for
-AUTHN_TTL_S, an allowed decision for ALLOWED_TTL_S, a denied one for DENIED_TTL_S, so a scraper
-costs the API server one review every few minutes, not two per scrape.
+1. A caller at a loopback address whose end of the connection is a socket of root (uid 0 in the
+   agent's user namespace, as the kernel's sock_diag tells: `ss -e` shows the same) is answered:
+   root reads `<root>/fusevol/status.json` anyway, and `fusevol status` does. The socket must
+   still be open and connected (a closed socket's remains carry no owner a caller can vouch for).
+2. Any other caller must send a bearer token that the API server authenticates (a TokenReview)
+   and authorizes (a SubjectAccessReview) for the node's subresource kubelet uses for the same
+   thing: `nodes/metrics` for `/metrics`, `nodes/proxy` for everything else it serves
+   (`/status`), verb `get`, name the node. As kubelet's authenticator and authorizer caches do,
+   answers are kept a while (`cachetools`): an authenticated token for AUTHN_TTL_S, an allowed
+   decision for ALLOWED_TTL_S, a denied one for DENIED_TTL_S, so a scraper costs the API server
+   one review every few minutes, not two per scrape.
+3. Without an API server to ask (the manifests source), nobody but root is answered.
 
-With `--http-auth none` every caller is answered (the old behaviour, for a port no one else
-reaches); without an API server to ask (the manifests source), other hosts are refused.
+`/healthz` and `/readyz` stay open: probes carry no token. With `--http-auth none` every caller is
+answered (no `Authorizer` at all): for a port no one else reaches, or on purpose.
 """
 
 from __future__ import annotations
 
 import hashlib
-import ipaddress
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,9 +29,12 @@ from typing import TYPE_CHECKING
 from cachetools import TTLCache
 
 from fusevol.base.errors import FusevolError
+from fusevol.observe import peer
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
+
+    from fusevol.observe.peer import Connection
 
 log = logging.getLogger(__name__)
 
@@ -70,20 +77,22 @@ class Authorizer:
         self._users: TTLCache[str, User | None] = TTLCache(CACHED, AUTHN_TTL_S)
         self._allowed: TTLCache[tuple[User, str], bool] = TTLCache(CACHED, ALLOWED_TTL_S)
         self._denied: TTLCache[tuple[User, str], bool] = TTLCache(CACHED, DENIED_TTL_S)
+        self._unknown_callers = False
+        """The kernel could not say who a loopback caller is (once logged)."""
 
-    async def check(self, path: str, peer: str, authorization: str) -> Denied | None:
-        """None if the caller at `peer` may GET `path`, else why not."""
+    async def check(self, path: str, caller: Connection, authorization: str) -> Denied | None:
+        """None if `caller` may GET `path`, else why not (steps of the module docstring)."""
         subresource = PROTECTED.get(path)
-        if subresource is None or _loopback(peer):
+        if subresource is None or self._root(caller):  # (1)
             return None
-        if self._post is None:
+        if self._post is None:  # (3)
             return Denied(
                 403,
-                f"{path} answers other hosts only with the Kubernetes API source (it asks the "
-                "API server who they are): read it on the node, or start the agent with "
+                f"{path} answers root on this node, and other callers only with the Kubernetes "
+                "API source (it asks the API server who they are); or start the agent with "
                 "--http-auth none",
             )
-        scheme, _, token = authorization.partition(" ")
+        scheme, _, token = authorization.partition(" ")  # (2)
         if scheme.lower() != "bearer" or not token.strip():
             return Denied(401, f"{path}: send a bearer token (Authorization: Bearer ...)")
         try:
@@ -100,6 +109,16 @@ class Authorizer:
                 f'"{self._node_name}"',
             )
         return None
+
+    def _root(self, caller: Connection) -> bool:
+        """(1) `caller` is root on this node: its socket, on loopback, is root's."""
+        try:
+            return peer.caller_uid(caller) == 0
+        except OSError as exc:  # nobody is root then; the others still authenticate
+            if not self._unknown_callers:
+                self._unknown_callers = True
+                log.warning("http auth: cannot tell who a loopback caller is: %s", exc)
+            return False
 
     async def _authenticate(self, token: str) -> User | None:
         key = hashlib.sha256(token.encode()).hexdigest()  # the token itself is never kept
@@ -172,10 +191,3 @@ class Authorizer:
 
 class _Unanswered(Exception):
     pass
-
-
-def _loopback(peer: str) -> bool:
-    try:
-        return ipaddress.ip_address(peer.split("%", 1)[0]).is_loopback
-    except ValueError:
-        return False

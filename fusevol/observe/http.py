@@ -1,17 +1,21 @@
 """The agent's HTTP endpoints: `/healthz`, `/readyz`, `/metrics`, `/status`.
 
 A deliberately small HTTP/1.1 server on trio (one request per connection, GET only, 8 KiB of
-request head at most, 5 s to send it). It runs on the agent's own trio loop, so `/healthz`
-answering *is* the liveness check: a loop that froze (docs/fuse.md fact 9) stops answering, and the
-kubelet or systemd watchdog restarts the agent.
+request head at most, 5 s for the whole exchange, MAX_CONNECTIONS open at once: one more closes
+the oldest, so a caller that opens many and sends nothing holds neither the agent's descriptors
+nor its probes). It runs on the agent's own trio loop, so `/healthz` answering *is* the liveness
+check: a loop that froze (docs/fuse.md fact 9) stops answering, and the kubelet or systemd
+watchdog restarts the agent. A request whose answer raises gets a 500 and one log line; no
+request ends the server or the agent.
 
     /healthz   200 "ok" while the loop runs and the FUSE session is up, else 503
     /readyz    200 once every source has been read completely and a reconcile pass followed
     /metrics   Prometheus text format (fusevol.observe.metrics)
     /status    the status snapshot (`fusevol status --json` adds `agent` and `mounts` to it)
 
-`/metrics` and `/status` answer a caller on another host only if the API server says it may
-(`fusevol.observe.auth`, as kubelet's API does): 401 or 403 otherwise.
+`/metrics` and `/status` answer root on this node, and another caller only if the API server says
+it may (`fusevol.observe.auth`; as kubelet's API, loopback callers included): 401 or 403
+otherwise.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.errors import FusevolError
+from fusevol.observe.peer import Connection
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -34,6 +39,10 @@ log = logging.getLogger(__name__)
 
 MAX_HEAD_BYTES = 8192
 READ_TIMEOUT_S = 5.0
+"""For the whole exchange: the request, its answer, and sending it."""
+MAX_CONNECTIONS = 128
+"""Open at once. kubelet's probes and a scraper or two need a handful; each open one costs a
+descriptor and a task."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +59,7 @@ _REASONS = {
     404: "Not Found",
     405: "Method Not Allowed",
     400: "Bad Request",
+    500: "Internal Server Error",
     503: "Service Unavailable",
 }
 
@@ -66,7 +76,7 @@ class HealthServer:
         status: Callable[[], Awaitable[bytes]],
         authorizer: Authorizer | None = None,
     ) -> None:
-        """`authorizer`: who may read `/metrics` and `/status` from another host (None: all)."""
+        """`authorizer`: who may read `/metrics` and `/status` (None: anyone)."""
         self._authorizer = authorizer
         self._host = host
         self._port = port
@@ -85,6 +95,8 @@ class HealthServer:
         }
         self.port: int | None = None
         """The port actually bound (useful with port 0)."""
+        self._open: dict[int, trio.CancelScope] = {}
+        """The connections being answered, oldest first, by their scope's id."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         try:
@@ -101,31 +113,55 @@ class HealthServer:
         await trio.serve_listeners(self._handle, listeners)
 
     async def _handle(self, stream: trio.SocketStream) -> None:
+        scope = trio.move_on_after(READ_TIMEOUT_S)
+        if len(self._open) >= MAX_CONNECTIONS:  # the oldest goes: it has had the most time
+            self._open.pop(next(iter(self._open))).cancel()
+            log.debug("http: %d connections open, the oldest closed", MAX_CONNECTIONS)
+        self._open[id(scope)] = scope
         try:
-            with trio.move_on_after(READ_TIMEOUT_S):
-                peer = stream.socket.getpeername()[0]
-                response = await self._respond(await _read_head(stream), peer)
-                await stream.send_all(_encode(response))
+            with scope:
+                caller = Connection.of(stream.socket)
+                head = await _read_head(stream)
+                await stream.send_all(_encode(await self._answer(head, caller)))
         except (trio.BrokenResourceError, trio.ClosedResourceError, OSError):
-            pass
+            pass  # the caller went away
         finally:
+            self._open.pop(id(scope), None)
             await trio.aclose_forcefully(stream)
 
-    async def _respond(self, head: _Head | None, peer: str) -> Response:
+    async def _answer(self, head: _Head | None, caller: Connection) -> Response:
+        try:
+            return await self._respond(head, caller)
+        except Exception as exc:  # a fault of ours: the caller hears of it, the server goes on
+            path = _path(head) if head is not None else ""
+            log.error(
+                "http request failed path=%s error=%s: %s",
+                path if path in self._routes else "-",
+                type(exc).__name__,
+                str(exc).replace("\n", " "),
+            )
+            return Response(500, b"internal error\n")
+
+    async def _respond(self, head: _Head | None, caller: Connection) -> Response:
         if head is None:
             return Response(400, b"bad request\n")
-        method, _, rest = head.line.partition(b" ")
-        path = rest.partition(b" ")[0].split(b"?", 1)[0].decode("ascii", "replace")
-        if method != b"GET":
+        if head.line.partition(b" ")[0] != b"GET":
             return Response(405, b"GET only\n")
+        path = _path(head)
         route = self._routes.get(path)
         if route is None:
             return Response(404, b"not found\n")
         if self._authorizer is not None:
-            denied = await self._authorizer.check(path, peer, head.authorization)
+            denied = await self._authorizer.check(path, caller, head.authorization)
             if denied is not None:
                 return Response(denied.status, f"{denied.message}\n".encode())
         return await route()
+
+
+def _path(head: _Head) -> str:
+    """The request's path, without its query."""
+    target = head.line.partition(b" ")[2].partition(b" ")[0]
+    return target.split(b"?", 1)[0].decode("ascii", "replace")
 
 
 def _at_once(answer: Callable[[], Response]) -> Callable[[], Awaitable[Response]]:

@@ -105,7 +105,8 @@ def listening_addresses(port: int) -> set[str]:
 
 
 def test_the_endpoints_listen_on_loopback_unless_told(agent: AgentProcess) -> None:
-    """`/status` names the node's pods and their errors: by default only this host may ask."""
+    """`/status` names the node's pods and their errors: by default only this host may ask (and
+    of its users root, or a caller with a token: tests/security/test_http_and_names.py)."""
     match = re.search(r"http listening address=(\S*):(\d+)", agent.log_text())
     assert match is not None
     assert match[1] == "127.0.0.1"

@@ -1,7 +1,8 @@
-"""Who may read `/status` and `/metrics` (`fusevol.observe.auth`): on a non-loopback address only
-callers the API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get
-`nodes/proxy` for /status, `nodes/metrics` for /metrics, of this node), as kubelet's own API; on
-loopback, and for the probes, everyone, as before."""
+"""Who may read `/status` and `/metrics` (`fusevol.observe.auth`): callers the API server
+authenticates (TokenReview) and authorizes (SubjectAccessReview: get `nodes/proxy` for /status,
+`nodes/metrics` for /metrics, of this node), as kubelet's own API, and root on the node (a
+loopback caller whose socket is root's: these tests run as root); the probes, everyone. A host
+user on loopback: tests/security/test_http_and_names.py."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ def test_status_and_metrics_answer_another_host_as_the_api_server_says(
     api.allow("system:serviceaccount:monitoring:prometheus", "get", "nodes", "metrics")
     api.allow("ops", "get", "nodes", "proxy", NODE)  # by group, for this node only
     with kube_agent("--http-host", "0.0.0.0") as agent:
-        # Probes, and the node itself, need nothing.
+        # Probes need nothing, and root on the node (loopback) no token.
         for path in ("/healthz", "/readyz"):
             assert get(agent, other_host, path)[0] == 200
         assert get(agent, "127.0.0.1", "/status")[0] == 200
@@ -96,14 +97,14 @@ def test_status_and_metrics_answer_another_host_as_the_api_server_says(
 def test_without_the_api_another_host_is_refused_and_none_opens_it(
     manifests: Any, tmp_path: Any, other_host: str
 ) -> None:
-    """The manifests source has no API server to ask: another host is refused, until the
-    operator says `--http-auth none`."""
+    """The manifests source has no API server to ask: only root on the node is answered, until
+    the operator says `--http-auth none`."""
     from tests.agent import running_agent
 
     with running_agent(manifests, tmp_path / "root", "--http-host", "0.0.0.0") as agent:
         status, body = get(agent, other_host, "/status")
         assert status == 403
-        assert "only with the Kubernetes API source" in body
+        assert body.startswith("/status answers root on this node")
         assert get(agent, other_host, "/healthz")[0] == 200
         assert get(agent, "127.0.0.1", "/status")[0] == 200
         agent.stop()
