@@ -335,7 +335,10 @@ def test_replicas_share_the_strings_their_specs_repeat() -> None:
         _decode(
             {**stored, "metadata": {**stored["metadata"], "name": name, "uid": uid}, "spec": spec}
         )
-        for name, uid in (("web-1", "uid-1"), ("web-2", "uid-2"))
+        for name, uid in (
+            ("web-1", "aaaaaaaa-0000-4000-8000-000000000001"),
+            ("web-2", "aaaaaaaa-0000-4000-8000-000000000002"),
+        )
     )
     assert first.name != second.name
     assert first.uid is not second.uid
@@ -402,7 +405,7 @@ def test_what_objects_leave_empty_is_one_read_only_map() -> None:
 def test_divisor_zero_serves_as_divisor_one(resource: str, expected: bytes) -> None:
     written = {
         "kind": "Pod",
-        "metadata": {"name": "web", "uid": "u"},
+        "metadata": {"name": "web", "uid": "aaaaaaaa-0000-4000-8000-000000000001"},
         "spec": {
             "containers": [
                 {

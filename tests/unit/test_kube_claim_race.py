@@ -37,6 +37,9 @@ if TYPE_CHECKING:
 Obj = dict[str, Any]
 NODE = "node-a"
 CLAIM = ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, "default", "data")
+CLAIM_UID = "da7a0000-0000-4000-8000-000000000001"
+PV_NAME = f"pvc-{CLAIM_UID}"
+"""The name the provisioner gives the claim's PV."""
 
 
 class Stream:
@@ -244,7 +247,7 @@ def claim(**spec: Any) -> Obj:
         "kind": "PersistentVolumeClaim",
         "metadata": {
             "name": "data",
-            "uid": "0000-data",
+            "uid": CLAIM_UID,
             "annotations": {"volume.kubernetes.io/selected-node": NODE},
         },
         "spec": {
@@ -322,7 +325,7 @@ async def test_a_claim_bound_during_its_pvs_create_is_never_taken_as_gone(tmp_pa
         assert agent.reclaimable() == []
         bound = agent.store.get(CLAIM, PersistentVolumeClaim)
         assert bound is not None
-        assert bound.volume_name == "pvc-0000-data"
+        assert bound.volume_name == PV_NAME
         assert agent.claim_removed == 0
         assert client.opened(Kind.PERSISTENT_VOLUME_CLAIM, "metadata.name=data") == 1
         assert client.deleted == []
@@ -338,7 +341,7 @@ async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_the_claim_is_gone(
     is gone on a DELETED event, or when a relist (after 410 Gone: the deletion compacted away)
     does not have it."""
     client = ScriptedClient()
-    client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName="pvc-0000-data"))
+    client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName=PV_NAME))
     gate = client.list_gate["metadata.name=data"] = threading.Event()
     agent = Agent(client, tmp_path)
     async with trio.open_nursery() as nursery:
@@ -347,14 +350,14 @@ async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_the_claim_is_gone(
             "apiVersion": "v1",
             "kind": "PersistentVolume",
             "metadata": {
-                "name": "pvc-0000-data",
+                "name": PV_NAME,
                 "labels": {NODE_LABEL: NODE},
                 "annotations": {"pv.kubernetes.io/provisioned-by": PROVISIONER},
             },
             "spec": {
-                "local": {"path": str(tmp_path / "pvc-0000-data")},
+                "local": {"path": str(tmp_path / PV_NAME)},
                 "persistentVolumeReclaimPolicy": "Delete",
-                "claimRef": {"namespace": "default", "name": "data", "uid": "0000-data"},
+                "claimRef": {"namespace": "default", "name": "data", "uid": CLAIM_UID},
                 "nodeAffinity": {
                     "required": {
                         "nodeSelectorTerms": [
@@ -381,9 +384,9 @@ async def test_a_pv_whose_claim_is_not_read_yet_is_kept_until_the_claim_is_gone(
         await until(lambda: agent.store.get(CLAIM) is not None)
         assert agent.reclaimable() == []
         if how == "deleted-event":
-            client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName="pvc-0000-data"), "DELETED")
+            client.put(Kind.PERSISTENT_VOLUME_CLAIM, claim(volumeName=PV_NAME), "DELETED")
         else:
             client.expire(Kind.PERSISTENT_VOLUME_CLAIM, "data")
         await until(lambda: agent.store.get(CLAIM) is None)
-        assert agent.reclaimable() == ["pvc-0000-data"]
+        assert agent.reclaimable() == [PV_NAME]
         nursery.cancel_scope.cancel()

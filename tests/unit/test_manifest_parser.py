@@ -44,7 +44,7 @@ SECRET = "kind: Secret\nmetadata: {{name: creds}}\n{body}\n"
 
 def pod(volume: str) -> str:
     return (
-        "kind: Pod\nmetadata: {name: web, uid: u1}\n"
+        "kind: Pod\nmetadata: {name: web, uid: aaaaaaaa-0000-4000-8000-000000000001}\n"
         f"spec:\n  containers: [{{name: c}}]\n  volumes:\n  - {volume}\n"
     )
 

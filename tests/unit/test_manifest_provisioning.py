@@ -114,7 +114,8 @@ def test_storage_class_errors(extra: str, error: str) -> None:
 def test_claim_fields() -> None:
     claim = parse(
         "kind: PersistentVolumeClaim\n"
-        "metadata: {name: data, uid: u-1, annotations: {volume.kubernetes.io/selected-node: n}}\n"
+        "metadata: {name: data, uid: c1a10000-0000-4000-8000-000000000001,\n"
+        "  annotations: {volume.kubernetes.io/selected-node: n}}\n"
         "spec: {storageClassName: local, resources: {requests: {storage: 5Gi}}}\n"
     )
     assert claim == PersistentVolumeClaim(
@@ -122,7 +123,7 @@ def test_claim_fields() -> None:
         "data",
         NO_VERSION,
         storage_class_name="local",
-        uid="u-1",
+        uid="c1a10000-0000-4000-8000-000000000001",
         storage_request="5Gi",
         annotations={"volume.kubernetes.io/selected-node": "n"},
     )

@@ -21,13 +21,15 @@ from fusevol.node.container_mounts import (
     resolve,
 )
 
+UID = "aaaaaaaa-0000-4000-8000-000000000001"
+"""The pod's uid, as POD has it."""
 POD = """\
 apiVersion: v1
 kind: Pod
 metadata:
   name: web
   namespace: prod
-  uid: u-1
+  uid: aaaaaaaa-0000-4000-8000-000000000001
   labels: {tier: front}
   annotations: {"example.com/d": "by-annotation"}
 spec:
@@ -129,14 +131,14 @@ def _status_entry(pod: Pod, **states: str) -> dict[str, Any]:
                 "name": "config",
                 "type": "configmap",
                 "state": states.get("config", "mounted"),
-                "path": "/r/pods/u-1/volumes/kubernetes.io~configmap/config",
+                "path": f"/r/pods/{UID}/volumes/kubernetes.io~configmap/config",
                 "last_error": 'configmap "app" not found' if "config" in states else None,
             },
             {
                 "name": "data",
                 "type": "empty-dir",
                 "state": "mounted",
-                "path": "/r/pods/u-1/volumes/kubernetes.io~empty-dir/data",
+                "path": f"/r/pods/{UID}/volumes/kubernetes.io~empty-dir/data",
                 "last_error": None,
                 "read_only": False,
             },
@@ -151,24 +153,24 @@ def test_resolve_binds_served_volumes_rslave_and_subpaths_through_their_views() 
     assert [(m.destination, m.source, m.options) for m in mounts] == [
         (
             "/etc/config",
-            "/r/pods/u-1/volumes/kubernetes.io~configmap/config",
+            f"/r/pods/{UID}/volumes/kubernetes.io~configmap/config",
             ["rbind", "ro", "rslave"],
         ),
         (
             "/etc/app.properties",
-            "/r/pods/u-1/volume-subpaths/config/app/1",
+            f"/r/pods/{UID}/volume-subpaths/config/app/1",
             ["rbind", "ro", "rslave"],
         ),
-        ("/etc/conf", "/r/pods/u-1/volume-subpaths/config/app/2", ["rbind", "ro", "rslave"]),
+        ("/etc/conf", f"/r/pods/{UID}/volume-subpaths/config/app/2", ["rbind", "ro", "rslave"]),
         (
             "/data",
-            "/r/pods/u-1/volumes/kubernetes.io~empty-dir/data/logs/app",
+            f"/r/pods/{UID}/volumes/kubernetes.io~empty-dir/data/logs/app",
             ["rbind", "ro", "rprivate"],
         ),
-        ("/x", "/r/pods/u-1/volume-subpaths/config/app/4", ["rbind", "ro", "rslave"]),
+        ("/x", f"/r/pods/{UID}/volume-subpaths/config/app/4", ["rbind", "ro", "rslave"]),
     ]
     assert mounts[0].ctr() == (
-        "type=bind,src=/r/pods/u-1/volumes/kubernetes.io~configmap/config,dst=/etc/config,"
+        f"type=bind,src=/r/pods/{UID}/volumes/kubernetes.io~configmap/config,dst=/etc/config,"
         "options=rbind:ro:rslave"
     )
     assert mounts[3].oci()["options"] == ["rbind", "ro", "rprivate"]
@@ -208,7 +210,7 @@ def test_a_pod_is_found_by_name_or_uid_and_the_timeout_names_each_volume() -> No
     pod = _pod()
     snapshot = {"pods": [_status_entry(pod, config="failed")]}
     assert runtime.find_pod(snapshot, "prod/web") is snapshot["pods"][0]
-    assert runtime.find_pod(snapshot, "u-1") is snapshot["pods"][0]
+    assert runtime.find_pod(snapshot, UID) is snapshot["pods"][0]
     assert runtime.find_pod(snapshot, "prod/other") is None
     problems = runtime.not_ready(Path("/r"), snapshot["pods"][0])
     assert problems == ["volume 'config': failed: configmap \"app\" not found"]

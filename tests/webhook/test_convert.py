@@ -201,7 +201,11 @@ def test_any_text_the_parser_takes_reads_back_the_same(path: str, name: str, nes
     pod = as_stored(
         {
             "kind": "Pod",
-            "metadata": {"name": "web", "namespace": "default", "uid": "u-1"},
+            "metadata": {
+                "name": "web",
+                "namespace": "default",
+                "uid": "aaaaaaaa-0000-4000-8000-000000000001",
+            },
             "spec": {"containers": [{"name": "c", "image": "busybox"}], "volumes": [volume]},
         }
     )
