@@ -5,7 +5,10 @@ what fusevol serves.
 Owns the per-kind converters (Pod, ConfigMap, Secret, PersistentVolume, PersistentVolumeClaim,
 StorageClass of `storage.k8s.io/v1`), the defaulting fusevol relies on (namespace `default`,
 `stringData` merged over `data`, a stable uid for pods that carry none) and their validation
-(docs/kubelet.md fact 4). Pod volumes are read by `fusevol.decode.volume_sources`, typed fields by
+(docs/kubelet.md fact 4). What becomes a directory on the node has the form the API server
+would give it, whatever a manifest says: a pod's and a claim's uid that of a UID, a container's
+name a DNS label unique in its pod (with the names validated already: namespaces, objects,
+volumes). Pod volumes are read by `fusevol.decode.volume_sources`, typed fields by
 `fusevol.decode.reader`; container `resources` are kept as quantity strings after a light check
 (`reader.Reader.quantity_map`), and parsed where a downwardAPI file reads them. Error messages
 carry keys and paths, never values (Secret data stays out of logs).
@@ -19,6 +22,7 @@ required containers), and the payload path rules applied when a volume is render
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -176,6 +180,28 @@ def _choice(r: Reader, value: object, path: str, allowed: tuple[str, ...]) -> st
     return text
 
 
+_UUID = r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}"
+_UID = re.compile(rf"{_UUID}|[0-9a-f]{{32}}")
+"""A UID's forms: RFC 4122's text of a UUID, what the API server gives every object (and fusevol
+a pod without one), or 32 hexadecimal digits, what kubelet gives a static pod without one. A
+pod's uid names its directory (`<root>/pods/<uid>`), a claim's the one provisioned for it
+(`pvc-<uid>`): nothing else is taken, not even another single path element."""
+
+
+def _uid(r: Reader, value: object) -> str:
+    """`metadata.uid`: "" if absent, else one of `_UID`'s forms."""
+    uid = r.string(value, "metadata.uid")
+    if uid and not _UID.fullmatch(uid):
+        shown = quote(uid) if len(uid) <= 64 else f"({len(uid)} characters)"
+        r.fail(
+            "metadata.uid",
+            f"invalid value {shown}: must be a UUID (8-4-4-4-12 hexadecimal digits, as the API "
+            'server gives: "7d3c5a8e-0f4b-4c2e-9a61-3b5f2d8c9e10") or 32 hexadecimal digits '
+            "(kubelet's static pods)",
+        )
+    return uid
+
+
 def _storage_class(
     r: Reader, *, document: Mapping[object, object], header: _Header
 ) -> model.StorageClass:
@@ -221,7 +247,7 @@ def _claim(
         *header.identity,
         volume_name=r.string(spec.get("volumeName"), "spec.volumeName"),
         storage_class_name=r.string(spec.get("storageClassName"), "spec.storageClassName"),
-        uid=r.string(header.metadata.get("uid"), "metadata.uid"),
+        uid=_uid(r, header.metadata.get("uid")),
         storage_request=requests.get("storage", ""),
         annotations=r.string_map(header.metadata.get("annotations"), "metadata.annotations"),
     )
@@ -274,9 +300,10 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
     security = r.mapping(spec.get("securityContext"), "spec.securityContext")
     volumes = parse_volumes(r, spec.get("volumes"))
     names = frozenset(volume.name for volume in volumes)
-    uid = r.string(metadata.get("uid"), "metadata.uid") or str(
+    uid = _uid(r, metadata.get("uid")) or str(
         uuid.uuid5(uuid.NAMESPACE_URL, f"fusevol:{header.namespace}/{header.name}")
     )
+    taken: set[str] = set()  # container names, init containers' included
     return model.Pod(
         uid=model.PodUID(uid),
         namespace=header.namespace,
@@ -286,9 +313,11 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         labels=r.string_map(metadata.get("labels"), "metadata.labels", terms=True),
         annotations=r.string_map(metadata.get("annotations"), "metadata.annotations"),
         volumes=volumes,
-        containers=_containers(r, spec.get("containers"), path="spec.containers", volumes=names),
+        containers=_containers(
+            r, spec.get("containers"), path="spec.containers", volumes=names, taken=taken
+        ),
         init_containers=_containers(
-            r, spec.get("initContainers"), path="spec.initContainers", volumes=names
+            r, spec.get("initContainers"), path="spec.initContainers", volumes=names, taken=taken
         ),
         fs_group=r.user_id(security.get("fsGroup"), "spec.securityContext.fsGroup"),
         run_as_user=r.user_id(security.get("runAsUser"), "spec.securityContext.runAsUser"),
@@ -300,8 +329,11 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
 
 
 def _containers(
-    r: Reader, value: object, *, path: str, volumes: frozenset[str]
+    r: Reader, value: object, *, path: str, volumes: frozenset[str], taken: set[str]
 ) -> tuple[model.Container, ...]:
+    """`taken`: the names of the pod's containers read so far, to which these are added.
+    A name is a DNS label, unique in the pod: it names the directory of the container's subPath
+    views (`volume-subpaths/<volume>/<container>/<index>`)."""
     containers: list[model.Container] = []
     for index, raw in enumerate(r.sequence(value, path)):
         at = f"{path}[{index}]"
@@ -311,9 +343,14 @@ def _containers(
         resources = r.mapping(container.get("resources"), f"{at}.resources")
         limits = r.quantity_map(resources.get("limits"), f"{at}.resources.limits")
         requests = r.quantity_map(resources.get("requests"), f"{at}.resources.requests")
+        name = r.term(container.get("name"), f"{at}.name", required=True)
+        r.dns_name(name, f"{at}.name", subdomain=False)
+        if name in taken:
+            r.fail(f"{at}.name", f"Duplicate value: {quote(name)}")
+        taken.add(name)
         containers.append(
             model.Container(
-                name=r.term(container.get("name"), f"{at}.name", required=True),
+                name=name,
                 volume_mounts=tuple(
                     _mount(r, mount, path=f"{at}.volumeMounts[{i}]", volumes=volumes)
                     for i, mount in enumerate(mounts)
