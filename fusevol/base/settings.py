@@ -63,8 +63,9 @@ class HttpSettings:
     stops: for an exec readiness probe where the HTTP port may be another agent's (a DaemonSet
     pod on the host network, during a rollout: the old and the new pod share the node's port)."""
     auth: bool = True
-    """`/metrics` and `/status` answer another host only if the API server says it may
-    (`fusevol.observe.auth`); False (`--http-auth none`): they answer anyone."""
+    """`/metrics` and `/status` answer root on this node, and any other caller (loopback
+    included) only if the API server says it may (`fusevol.observe.auth`); False
+    (`--http-auth none`): they answer anyone."""
 
 
 class ChangeDetection(enum.Enum):

@@ -258,9 +258,10 @@ def _parser() -> argparse.ArgumentParser:
         "--http-auth",
         choices=("kubernetes", "none"),
         default="kubernetes",
-        help="who may read /metrics and /status from another host: whom the API server "
-        "authenticates (TokenReview) and authorizes (SubjectAccessReview: get nodes/metrics, "
-        "nodes/proxy of this node), as kubelet's API; none: anyone (default: %(default)s)",
+        help="who may read /metrics and /status: root on this node (on loopback) and whom the "
+        "API server authenticates (TokenReview) and authorizes (SubjectAccessReview: get "
+        "nodes/metrics, nodes/proxy of this node), loopback callers too, as kubelet's API; "
+        "none: anyone (default: %(default)s)",
     )
     _env_option(
         run,
