@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from fusevol.base.errors import InvalidPayload
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from fusevol.model import FileProjection
 
@@ -138,13 +138,16 @@ def validate_field(path: str, field: str) -> None:
         raise InvalidPayload(f"{field}: {exc}") from None
 
 
-def check_written_under(directory: str, paths: Iterable[str]) -> None:
+def check_written_under(
+    directory: str, paths: Iterable[str], *, field_of: Callable[[str], str] = lambda _: ""
+) -> None:
     """Raise `InvalidPayload` with kubelet's ENAMETOOLONG error if AtomicWriter, writing `paths`
     (cleaned, valid) into the volume directory `directory`, would hand the kernel a path of
     `PATH_MAX` bytes or more: `os.MkdirAll` of the file's directory fails at the first such
     prefix ("mkdir ...: file name too long"), else the file's own `open`. The version directory's
     name is taken at its longest (`VERSION_NAME_BYTES`), so the verdict never depends on a random
-    number, as kubelet's does within 10 bytes of the limit."""
+    number, as kubelet's does within 10 bytes of the limit. `field_of(path)` names the field
+    that gave the path, if it can, at the start of the error."""
     base = _nbytes(directory) + 1 + VERSION_NAME_BYTES + 1  # <directory>/<version>/
     paths = list(paths)
     if base + 4 * max(map(len, paths), default=0) < PATH_MAX:  # 4: UTF-8's longest character
@@ -155,9 +158,11 @@ def check_written_under(directory: str, paths: Iterable[str]) -> None:
         end, size = _first_too_long(path, base)
         op = "open" if end == len(path) else "mkdir"
         head = path[:end] if end <= _QUOTE_MAX_CHARS else path[:_QUOTE_MAX_CHARS] + "..."
+        field = field_of(path)
         raise InvalidPayload(
-            f"invalid path {_quote(path)}: {op} {directory}/..<version>/{head}: file name too "
-            f"long ({size} bytes where kubelet writes it, the kernel takes {PATH_MAX - 1})"
+            f"{field + ': ' if field else ''}invalid path {_quote(path)}: {op} {directory}/"
+            f"..<version>/{head}: file name too long ({size} bytes where kubelet writes it, the "
+            f"kernel takes {PATH_MAX - 1})"
         )
 
 

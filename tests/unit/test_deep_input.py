@@ -175,8 +175,11 @@ def test_a_path_beyond_path_max_where_kubelet_writes_it_fails_as_kubelets_write(
 ) -> None:
     assert len(path) <= 4096  # AtomicWriter's own limit lets it through
     with pytest.raises(InvalidPayload) as failed:
-        check_written_under(VOLUME_DIR, ["k", path])
+        check_written_under(
+            VOLUME_DIR, ["k", path], field_of=lambda p: "items[1].path" if p == path else ""
+        )
     message = str(failed.value)
+    assert message.startswith('items[1].path: invalid path "')
     assert f"{operation} {VOLUME_DIR}/..<version>/" in message
     assert "file name too long" in message
     assert len(message) < 600  # the path is shortened, its size given

@@ -43,6 +43,7 @@ from fusevol.base.multimap import SetMultimap
 from fusevol.fuse.publish import VolumeDir
 from fusevol.model import (
     ConfigMap,
+    ConfigMapProjection,
     ConfigMapVolumeSource,
     DownwardAPIProjection,
     DownwardAPIVolumeSource,
@@ -50,6 +51,7 @@ from fusevol.model import (
     ObjectKey,
     ProjectedVolumeSource,
     Secret,
+    SecretProjection,
     SecretVolumeSource,
     ServiceAccountToken,
     ServiceAccountTokenProjection,
@@ -59,13 +61,14 @@ from fusevol.model import (
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
 from fusevol.projection import configmap, downward, ownership, paths, projected, secret
+from fusevol.projection.paths import clean_path
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.fuse.publish import Publisher
-    from fusevol.model import Payload, PodUID
+    from fusevol.model import DownwardAPIVolumeFile, KeyToPath, Payload, PodUID
     from fusevol.mount.backend import MountBackend
     from fusevol.projection.downward import NodeAllocatable
     from fusevol.volumemanager.cache.desired import VolumeToServe
@@ -231,7 +234,7 @@ class ServedVolumes:
         """Publish the volume's current content; returns the inputs it was built from."""
         inputs = self.inputs(volume)
         payload = self.render(volume)
-        paths.check_written_under(str(self.path(volume)), payload)
+        self._check_lengths(volume, payload)
         user = (volume.pod.uid, volume.spec_name)
         name, bound = self._facts_of(volume).subtree, self._subtree_of.get(user)
         if bound is not None and bound != name:
@@ -278,10 +281,10 @@ class ServedVolumes:
             # volumes waiting for one subtree from each holding a payload meanwhile.
             if self._published.get(name, _NOTHING) != inputs:
                 payload = self.render(volume) if render is None else render()
-                paths.check_written_under(str(self.path(volume)), payload)
+                self._check_lengths(volume, payload)
                 await self._publish(name, volume, payload, inputs)
             elif name in self._longest:
-                paths.check_written_under(str(self.path(volume)), (self._longest[name],))
+                self._check_lengths(volume, (self._longest[name],))
             self._users.add(name, user)
             self._subtree_of[user] = name
             if name.startswith(SHARED) and name not in self._objects_of:
@@ -313,6 +316,15 @@ class ServedVolumes:
                 for key in self._objects_of.pop(name, ()):
                     self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
+
+    def _check_lengths(self, volume: VolumeToServe, payload: Iterable[str]) -> None:
+        """kubelet's ENAMETOOLONG for a path of `payload` below this volume's own directory
+        (`paths.check_written_under`), the error naming the item's field."""
+        paths.check_written_under(
+            str(self.path(volume)),
+            payload,
+            field_of=lambda path: _item_field(volume.source, path),
+        )
 
     @contextlib.asynccontextmanager
     async def _holding(self, name: bytes) -> AsyncIterator[None]:
@@ -430,6 +442,43 @@ def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
                 if relative != "." and not relative.startswith(".."):
                     names.add(relative.split("/", 1)[0])
     return tuple(sorted(names))
+
+
+def _item_field(source: object, path: str) -> str:
+    """The field of `source` that gives the payload `path`, e.g.
+    `sources[1].configMap.items[0].path`; "" if none (a key without items)."""
+
+    def first(items: Iterable[KeyToPath | DownwardAPIVolumeFile], at: str) -> str:
+        for index, item in enumerate(items):
+            if clean_path(item.path) == path:
+                return f"{at}[{index}].path"
+        return ""
+
+    match source:
+        case (
+            ConfigMapVolumeSource(items=items)
+            | SecretVolumeSource(items=items)
+            | DownwardAPIVolumeSource(items=items)
+        ):
+            return first(items, "items")
+        case ProjectedVolumeSource(sources=sources):
+            for index, projection in enumerate(sources):
+                at = f"sources[{index}]"
+                match projection:
+                    case ServiceAccountTokenProjection(path=token_path):
+                        token = clean_path(token_path) == path
+                        found = f"{at}.serviceAccountToken.path" if token else ""
+                    case ConfigMapProjection(items=items):
+                        found = first(items, f"{at}.configMap.items")
+                    case SecretProjection(items=items):
+                        found = first(items, f"{at}.secret.items")
+                    case DownwardAPIProjection(items=items):
+                        found = first(items, f"{at}.downwardAPI.items")
+                    case _:
+                        found = ""
+                if found:
+                    return found
+    return ""
 
 
 def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
