@@ -25,7 +25,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import pytest
 
-from tests.agent import AgentProcess, LogTail, running_agent, wait_for, write_atomically
+from tests.agent import (
+    HAS_FUSE,
+    AgentProcess,
+    LogTail,
+    running_agent,
+    wait_for,
+    write_atomically,
+)
 from tests.csi.conftest import api, csi_agent, csi_volume, kubelet_dir, pod
 from tests.kube.conftest import kube_agent, kube_agent_on
 from tests.manifests import POD_UID, configmap, write_pod_set
@@ -36,7 +43,8 @@ if TYPE_CHECKING:
 
     from tests.helpers.apiserver import ApiServer
 
-__all__ = ["api", "csi_agent", "kube_agent", "kube_agent_on", "kubelet_dir"]  # their fixtures
+pytestmark = pytest.mark.skipif(not HAS_FUSE, reason="needs root and /dev/fuse")
+__all__ = ["api", "csi_agent", "kube_agent", "kube_agent_on", "kubelet_dir"]  # imported fixtures
 
 DEEP = "/".join(["d"] * 1500 + ["f"])
 """1500 levels, 3001 characters: kubelet writes it."""
