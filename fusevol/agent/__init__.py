@@ -7,6 +7,7 @@ lifecycle     the agent's phases and the transitions between them, in one table
 lock          `<root>/fusevol/lock`: one agent reconciles a root at a time
 handover      a stopping agent answers FUSE as a lame duck until its successor holds on
 holder        `fusevol hold`: keeps the FUSE connection outside the agent's pod for the next agent
+peers         the hand-over sockets: mode 0600 whatever the umask, and root at either end only
 sdnotify      systemd's notify protocol (READY, STOPPING, watchdog, the fd store)
 preflight     start-up checks: a mistake is one line, before anything is created
 collector     Python's full garbage collections, at quiet moments

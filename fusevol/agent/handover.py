@@ -15,9 +15,11 @@ Exactly one agent reconciles at a time: the lock. A lame duck holds no lock and 
 it only answers reads. It gives up after `LAME_DUCK_S` without a successor (a plain stop): its
 binds then turn dead as after a crash, and the next agent recovers them the same way.
 
-Protocol: the successor connects and keeps the connection while it sets up; once every volume it
-found on the node is set up again (or torn down), it sends `STACKED` and closes. A lame duck that
-loses the connection without `STACKED` (its successor crashed) waits for the next one.
+Protocol (on a socket of mode 0600 whatever the umask, between processes of root only, each side
+checking the other: `fusevol.agent.peers`): the successor connects and keeps the connection while
+it sets up; once every volume it found on the node is set up again (or torn down), it sends
+`STACKED` and closes. A lame duck that loses the connection without `STACKED` (its successor
+crashed) waits for the next one.
 
 Taking over (a lame duck whose connection can be taken over, `fusevol.fuse.snapshot`): its FUSE
 mountpoint stays attached, and the successor's launcher (`fusevol.agent.launcher.take_over_from`)
@@ -45,15 +47,14 @@ import array
 import contextlib
 import errno
 import logging
-import os
 import socket
 from typing import TYPE_CHECKING, Protocol
 
 import trio
 
+from fusevol.agent import peers
 from fusevol.agent.holder import HOLD, HOLDER
 from fusevol.agent.launcher import GO, OFFER, ROLL_OVER, TAKE_OVER, TAKEN
-from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
 
 if TYPE_CHECKING:
@@ -153,7 +154,7 @@ async def serve_as_lame_duck(
         task_status.started()
         with trio.move_on_after(timeout_s):
             while True:
-                successor, _ = await listener.accept()
+                successor = await _accept_root(listener)
                 with successor:
                     received = await _request(successor)
                     if received in (TAKE_OVER, ROLL_OVER) and connection is not None:
@@ -183,7 +184,7 @@ async def hear_successors(
     async with _listening(path) as listener:
         task_status.started()
         while True:
-            successor, _ = await listener.accept()
+            successor = await _accept_root(listener)
             received = await _request(successor)
             if received == ROLL_OVER:
                 log.info("the next agent asks for the FUSE connection")
@@ -245,19 +246,23 @@ async def _send_fds(sock: trio.socket.SocketType, message: bytes, fds: list[int]
 
 @contextlib.asynccontextmanager
 async def _listening(path: Path) -> AsyncIterator[trio.socket.SocketType]:
-    """A unix socket listening at `path` (a stale one there replaced), closed and removed on
-    exit, unless `path` is another listener's by then (a later agent's)."""
-    listener = trio.socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    await listener.bind(str(path))
-    own = os.stat(path).st_ino
-    listener.listen(4)
-    try:
+    """A unix socket listening at `path`, root's only (`fusevol.agent.peers.listening`: mode
+    0600, a stale one there replaced), closed and removed on exit, unless `path` is another
+    listener's by then (a later agent's)."""
+    with (
+        peers.listening(path, backlog=4) as listening,
+        trio.socket.from_stdlib_socket(listening) as listener,
+    ):
         yield listener
-    finally:
-        listener.close()
-        unlink_if_same(path, own)
+
+
+async def _accept_root(listener: trio.socket.SocketType) -> trio.socket.SocketType:
+    """The next peer of `listener` that is root; any other is refused (closed, one log line)."""
+    while True:
+        peer, _ = await listener.accept()
+        if not peers.refuse_unless_root(peer, who="a client of the hand-over socket"):
+            return peer
+        peer.close()
 
 
 class Predecessor:
@@ -298,5 +303,8 @@ async def find_predecessor(path: Path) -> Predecessor | None:
         sock.close()
         if exc.errno not in (errno.ENOENT, errno.ECONNREFUSED):
             log.warning("cannot reach a previous agent at %s: %s", path, exc)
+        return None
+    if peers.refuse_unless_root(sock, who="the server of the hand-over socket"):
+        sock.close()
         return None
     return Predecessor(sock)

@@ -17,7 +17,9 @@ chart it also answers kubelet's plugin registration of the CSI driver (`--csi-en
 registers a driver again whenever its registration socket is made anew, and the holder, unlike
 the agent, lives through rollouts (`fusevol.csi.registration`).
 
-Protocol, on `layout.holder_socket(root)` (a unix stream socket, mode 0600):
+Protocol, on `layout.holder_socket(root)` (a unix stream socket, mode 0600 whatever the umask;
+a client that is not root is refused, and the agent and the launcher talk to a holder run by root
+only: `fusevol.agent.peers`):
 - the agent sends `HOLD` with its two descriptors (SCM_RIGHTS) once it serves a connection, and
   again after every takeover; the holder keeps them, replacing what it held;
 - a starting launcher sends `TAKE_OVER` (as to a lame duck) and receives `TAKE_OVER` with
@@ -40,12 +42,11 @@ import signal
 import socket
 from typing import TYPE_CHECKING
 
+from fusevol.agent import peers
 from fusevol.agent.launcher import TAKE_OVER
-from fusevol.base.fsutil import unlink_if_same
 from fusevol.node import layout
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
     from types import FrameType
 
@@ -68,6 +69,8 @@ def offer(root: Path, fds: list[int]) -> bool:
         sock.settimeout(1.0)
         try:
             sock.connect(str(layout.holder_socket(root)))
+            if peers.refuse_unless_root(sock, who="the server of the holder socket"):
+                return False
             send_fds(sock, HOLD, fds)
         except OSError:
             return False
@@ -139,7 +142,10 @@ def _hold(root: Path) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, stop)
     try:
-        with _listening(path) as listener, selectors.DefaultSelector() as selector:
+        with (
+            peers.listening(path, backlog=8) as listener,
+            selectors.DefaultSelector() as selector,
+        ):
             log.info("holding FUSE connections for the agent of root=%s at %s", root, path)
             if fds := _ask_serving_agent(root):
                 held.replace(fds)
@@ -166,6 +172,8 @@ class _Stopped(Exception):
 
 
 def _answer(connection: socket.socket, held: _Held) -> None:
+    if peers.refuse_unless_root(connection, who="a client of the holder socket"):
+        return
     connection.settimeout(CLIENT_TIMEOUT_S)
     try:
         message, fds, _, _ = socket.recv_fds(connection, 64, 2)
@@ -196,6 +204,8 @@ def _ask_serving_agent(root: Path) -> list[int]:
         sock.settimeout(CLIENT_TIMEOUT_S)
         try:
             sock.connect(str(layout.handover_socket(root)))
+            if peers.refuse_unless_root(sock, who="the server of the hand-over socket"):
+                return []
             sock.sendall(HOLDER)
             message, fds, _, _ = socket.recv_fds(sock, 64, 2)
         except OSError:
@@ -205,23 +215,3 @@ def _ask_serving_agent(root: Path) -> list[int]:
     for fd in fds:
         os.close(fd)
     return []
-
-
-@contextlib.contextmanager
-def _listening(path: Path) -> Iterator[socket.socket]:
-    """A listening socket at `path`, mode 0600, bound aside and renamed into place (a previous
-    holder's is replaced in one step); removed on exit unless another holder's is there by then."""
-    aside = path.with_name(f".holder.{os.getpid()}")
-    with contextlib.suppress(FileNotFoundError):
-        aside.unlink()
-    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(str(aside))
-    os.chmod(aside, 0o600)
-    own = os.lstat(aside).st_ino
-    os.replace(aside, path)
-    listener.listen(8)
-    try:
-        yield listener
-    finally:
-        listener.close()
-        unlink_if_same(path, own)

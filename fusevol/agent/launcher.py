@@ -47,6 +47,8 @@ import socket
 import sys
 from typing import TYPE_CHECKING
 
+from fusevol.agent import peers
+
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
@@ -252,6 +254,8 @@ def take_over_from(
         sock.settimeout(timeout_s)
         try:
             sock.connect(str(path))
+            if peers.refuse_unless_root(sock, who=f"the server of {path}"):
+                return None
             sock.sendall(request)
             message, fds, _, _ = socket.recv_fds(sock, 64, 2)
         except OSError:
