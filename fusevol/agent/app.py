@@ -142,6 +142,7 @@ class Agent:
             allocatable=node_allocatable(settings.node_allocatable),
             observe_propagation=self.metrics.update_propagation.observe,
             git_timeout_s=settings.mount.git_timeout_s,
+            subtree_names=self._subtree_name,
         )
         built = build_source(settings, self.store)
         self.source = built.source
@@ -490,6 +491,12 @@ class Agent:
         self.lifecycle.enter(Phase.HANDING_OVER if handover else Phase.TEARING_DOWN, why)
         self._not_ready()
         self._active.cancel()
+
+    def _subtree_name(self, readable: bytes) -> bytes:
+        """A volume's subtree name, keyed with our connection's key (read before any volume is
+        set up: `run`)."""
+        key = self.operations.key
+        return readable if key is None else key.subtree_name(readable)
 
     def end_lame_duck(self) -> None:
         """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""

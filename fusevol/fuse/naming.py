@@ -16,10 +16,10 @@ per-pod tmpfs copies have no such reach. Here:
   making (readdir's order and offsets) and are never handed out twice.
 - The handle of the mount's root, which the kernel gives node id 1 and generation 0 whatever the
   server says, cannot be made unguessable: the root lists nothing for a caller outside the
-  agent's mount namespace (`fusevol.fuse.ops`). The subtrees' names can be keyed hashes too
-  (`ConnectionKey.subtree_name`), so that what the kernel has cached below the root is reached by
-  no name a container can know but its own volume's (its mountinfo shows it); the reconciler
-  does not use them yet (docs/security.md).
+  agent's mount namespace (`fusevol.fuse.ops`), and the subtrees' names are keyed hashes too
+  (`ConnectionKey.subtree_name`, used by the reconciler), so that what the kernel has cached below
+  the root is reached by no name a container can know but its own volume's (its mountinfo shows
+  it).
 
 The key belongs to the connection: made when the agent mounts (`<root>/fusevol/fuse.key`, 0600),
 read by an agent that takes the connection over. A connection made by an agent that had no key

@@ -3,11 +3,12 @@
 Shape of the mount:
 
     /                               root, 0755
-    /<uid>_<volume>/                one directory per served pod volume (its root mode is the
-                                    plugin's: 0777 for configMap, 1777 for the tmpfs-backed types)
-    /<uid>_<volume>/..data          -> ..2026_11_22_03_48_46.123456 (symlink)
-    /<uid>_<volume>/..2026_...      one version: the payload's files and nested directories
-    /<uid>_<volume>/<key>           -> ..data/<key> (top-level names only)
+    /<subtree>/                     one directory per served pod volume, or per volumes that
+                                    share one (its name: fusevol.fuse.naming; its root mode is
+                                    the plugin's: 0777 for configMap, 1777 for the tmpfs types)
+    /<subtree>/..data               -> ..2026_11_22_03_48_46.123456 (symlink)
+    /<subtree>/..2026_...           one version: the payload's files and nested directories
+    /<subtree>/<key>                -> ..data/<key> (top-level names only)
 
 The tree never changes a visible node in place. Every version is a new subtree with new inode
 numbers, so the kernel may cache entries, attributes, symlink targets and pages for as long as it

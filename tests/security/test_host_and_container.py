@@ -21,8 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from fusevol.decode.manifest import parse_manifest
 from fusevol.fuse.session import has_fast_read_path
+from fusevol.model import Pod
 from fusevol.node import layout
+from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.store import ObjectStore
+from fusevol.volumemanager.populator import Populator
+from fusevol.volumemanager.reconciler.served import subtree_name
 from tests.agent import mountinfo_below, running_agent, wait_for, write_atomically
 
 if TYPE_CHECKING:
@@ -154,6 +160,16 @@ def test_a_host_user_reaches_no_served_file_and_changes_none(two_tenants: Path, 
         assert password.read_bytes() == SECRET_B.encode()
 
 
+def _readable_subtree_names() -> list[str]:
+    """The subtrees' names an attacker can compute from the pods' specs (`subtree_name`)."""
+    store, objects = ObjectStore(), parse_manifest(MANIFESTS.encode(), origin="pods.yaml")
+    for obj in objects:
+        store.upsert(obj)
+    populator = Populator(store=store, desired=DesiredState())
+    pods = [obj for obj in objects if isinstance(obj, Pod)]
+    return [subtree_name(populator.resolve(p, v)).decode() for p in pods for v in p.volumes]
+
+
 def _probe(
     root: Path, keep: Path, key: str, *args: str, privileges: tuple[str, ...]
 ) -> dict[str, Any]:
@@ -164,7 +180,7 @@ def _probe(
     detach = "".join(f"umount -l '{line.split()[4]}'; " for line in reversed(mountinfo_below(root)))
     script = f"mount --bind '{keep}' '{own}' && {detach}exec \"$@\""
     probe = Path(__file__).with_name("handle_probe.py")
-    names = [f"{UID_B}_vault", f"{UID_A}_config"]
+    names = _readable_subtree_names()
     done = subprocess.run(
         [
             *("unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh"),
@@ -206,8 +222,11 @@ def test_a_container_reaches_no_other_pods_file_by_handle_or_name(
         assert result["decoded"] in ([], [1]), result
         if result["decoded"]:
             assert result["root_lists"] == "EACCES"
-            assert result["names"] == {f"{UID_B}_vault": "ENOENT", f"{UID_A}_config": "ENOENT"}
+            assert set(result["names"].values()) == {"ENOENT"}, result
         assert result["guessed_generations_that_decode"] == 0
+        listed = set(os.listdir(layout.fuse_mountpoint(root)))  # root, in the agent's namespace
+        assert len(listed) == 2
+        assert not listed & set(_readable_subtree_names())  # keyed: nobody computes them
         assert result["open_for_writing"] == "EROFS"
         without = ("setpriv", "--bounding-set=-dac_read_search")  # containerd's default set
         for privileges in (without, ("setpriv", "--reuid=1000", "--regid=1000", "--clear-groups")):

@@ -17,6 +17,7 @@ import pytest
 import trio
 
 from fusevol.decode.manifest import parse_manifest
+from fusevol.fuse.naming import ConnectionKey
 from fusevol.model import Pod
 from fusevol.mount.fake import FakeMountBackend
 from fusevol.projection.downward import NodeAllocatable
@@ -283,3 +284,30 @@ async def test_a_changed_spec_moves_one_user_and_keeps_the_old_subtree_until_unb
     assert served.publisher.removed == []  # pod 1's covered bind still holds the shared one
     await served.volumes.tear_down(edited.pod.uid, edited.spec_name, served.volumes.path(edited))
     assert sorted(served.publisher.removed) == sorted([shared, moved])
+
+
+async def test_subtrees_are_named_by_the_connections_keyed_hash(
+    served: Served, tmp_path: Path
+) -> None:
+    key = ConnectionKey.for_connection(tmp_path / "fuse.key", fresh=True)
+    served.volumes = ServedVolumes(
+        root=tmp_path,
+        store=served.store,
+        publisher=cast("Publisher", served.publisher),
+        backend=served.backend,
+        allocatable=NodeAllocatable(cpu_millis=1, memory_bytes=1, ephemeral_storage_bytes=1),
+        subtree_names=key.subtree_name,
+    )
+    shared, own = served.resolve(pod(1, CONFIG)), served.resolve(pod(2, DOWNWARD))
+    for volume in (shared, own):
+        await served.volumes.set_up(volume)
+    names = set(served.publisher.content)
+    readable = {subtree_name(shared), subtree_name(own)}
+    assert len(names) == 2
+    assert not names & readable  # nobody without the key computes them
+    assert {n.startswith(SHARED) for n in names} == {True, False}  # sharing is still told apart
+    for volume in (shared, own):
+        await served.volumes.tear_down(
+            volume.pod.uid, volume.spec_name, served.volumes.path(volume)
+        )
+    assert served.publisher.content == {}  # each found again by its keyed name, and removed

@@ -122,10 +122,14 @@ class ServedVolumes:
         backend: MountBackend,
         allocatable: NodeAllocatable,
         observe_propagation: Callable[[float], None] = lambda _: None,
+        subtree_names: Callable[[bytes], bytes] = lambda readable: readable,
     ) -> None:
         """`observe_propagation(seconds)`: after each refresh that published a new version, the
-        time since the change of the newest object it depends on."""
+        time since the change of the newest object it depends on. `subtree_names`: a subtree's
+        name on the mount from its readable one (`subtree_name`): the connection's keyed hash of
+        it, which no container can guess (`fusevol.fuse.naming`)."""
         self._observe_propagation = observe_propagation
+        self._subtree_names = subtree_names
         self._root = root
         self._store = store
         self._publisher = publisher
@@ -201,7 +205,8 @@ class ServedVolumes:
         if facts is None or facts.volume is not volume:
             if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
                 self._facts = {u: f for u, f in self._facts.items() if u in self._subtree_of}
-            subtree, objects = subtree_name(volume), _referenced_objects(volume)
+            subtree = self._subtree_names(subtree_name(volume))
+            objects = _referenced_objects(volume)
             if facts is not None:  # what the indexes hold already, where it is the same
                 user = facts.user
                 subtree = facts.subtree if facts.subtree == subtree else subtree
@@ -262,7 +267,8 @@ class ServedVolumes:
         self._facts.pop(user, None)
         for covered in self._covered.pop(user, []):
             await self._release(user, covered)
-        await self._release(user, self._subtree_of.get(user, layout.fuse_name(uid, spec_name)))
+        own = self._subtree_names(layout.fuse_name(uid, spec_name))
+        await self._release(user, self._subtree_of.get(user, own))
 
     async def _serve(
         self,
@@ -413,8 +419,9 @@ class ServedVolumes:
 
 
 def subtree_name(volume: VolumeToServe) -> bytes:
-    """The volume's subtree on the FUSE mount: shared by every volume that would hold the same
-    files (module docstring), else the pod volume's own (`layout.fuse_name`)."""
+    """The readable name of the volume's subtree on the FUSE mount: shared by every volume that
+    would hold the same files (module docstring), else the pod volume's own (`layout.fuse_name`).
+    `ServedVolumes` names the subtree by its keyed hash (`subtree_names`)."""
     if _depends_on_pod(volume):
         return layout.fuse_name(volume.pod.uid, volume.spec_name)
     spec = (

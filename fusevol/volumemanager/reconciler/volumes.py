@@ -48,6 +48,7 @@ class Volumes:
         allocatable: NodeAllocatable,
         observe_propagation: Callable[[float], None] = lambda _: None,
         git_timeout_s: float = 300.0,
+        subtree_names: Callable[[bytes], bytes] = lambda readable: readable,
     ) -> None:
         self._root = root
         self._pod_dirs: Batches[Callable[[], object]] = Batches(in_thread)
@@ -58,6 +59,7 @@ class Volumes:
             backend=backend,
             allocatable=allocatable,
             observe_propagation=observe_propagation,
+            subtree_names=subtree_names,
         )
         self.mounted = MountPlugins(root=root, backend=backend, git_timeout_s=git_timeout_s)
         self.views = SubpathViews(root=root, backend=backend)
