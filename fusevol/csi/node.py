@@ -249,8 +249,9 @@ class CsiNode:
                     volume_mount_group=record.volume_mount_group,
                     kubelet_dir=self.kubelet_dir,
                 )
-            except CsiError as exc:
-                log.error("recorded csi volume dropped volume=%s error=%s", record.volume_id, exc)
+            except Exception as exc:  # whatever the record holds, never a failed start (a loop)
+                error = str(exc) if isinstance(exc, CsiError) else f"{type(exc).__name__}: {exc}"
+                log.error("recorded csi volume dropped volume=%s error=%s", record.volume_id, error)
                 continue
             name = _unique_name(record.volume_id)
             pod = self._known_pod(publication.pod) or _bare_pod(publication.pod)
