@@ -1,5 +1,6 @@
-"""Tenant input as deep or as long as it may be: the tree, its journal and the payload rules take it
-in time and stack in proportion to its size, and refuse what kubelet refuses, naming the field.
+"""Tenant input as deep, as long or as wide as it may be: the tree, its journal and the payload
+rules take it in time and stack in proportion to its size, and refuse what kubelet refuses,
+naming the field.
 
 A configMap item path of 1500 levels (3001 characters) is what kubelet writes; Python's recursion
 stops at 1000 frames, so anything that walks such a tree by recursion fails in the middle of it.
@@ -15,8 +16,8 @@ import stat
 import pytest
 
 from fusevol.base.errors import InvalidPayload, VolumeSetupError
-from fusevol.fuse import snapshot
-from fusevol.fuse.tree import ROOT_INODE, Node, Tree, walk
+from fusevol.fuse import snapshot, tree as tree_module
+from fusevol.fuse.tree import ROOT_INODE, Entries, Node, Tree, walk
 from fusevol.model import (
     ConfigMap,
     ConfigMapProjection,
@@ -287,3 +288,66 @@ def test_downward_paths_are_refused_naming_the_item() -> None:
             get_secret=lambda name: None,
             allocatable=ALLOCATABLE,
         )
+
+
+# -- wide: a directory of many entries ------------------------------------------------------------
+
+
+def wide_tree(count: int) -> Tree:
+    """A tree whose root holds `count` volume directories, attached one by one."""
+    tree = Tree()
+    for i in range(count):
+        tree.add(tree.root, f"v{i}".encode(), tree.new_dir(mode=0o755))
+    return tree
+
+
+def listing(tree: Tree, directory: Node, per_request: int) -> list[bytes]:
+    """What READDIR requests of `per_request` entries each return, resuming at the last offset."""
+    names: list[bytes] = []
+    after = 0
+    while True:
+        batch = []
+        for name, node in tree.entries(directory, after):
+            batch.append(name)
+            after = node.inode
+            if len(batch) == per_request:
+                break
+        names += batch
+        if len(batch) < per_request:
+            return names
+
+
+def test_a_listing_of_a_large_directory_sorts_it_once_and_follows_its_changes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tree = wide_tree(1000)
+    sorts: list[int] = []
+    order_of = tree_module._Order.of
+
+    def counted(cls: type, children: Entries) -> object:
+        sorts.append(len(children))
+        return order_of(children)
+
+    monkeypatch.setattr(tree_module._Order, "of", classmethod(counted))
+
+    assert listing(tree, tree.root, 27) == [f"v{i}".encode() for i in range(1000)]
+    assert len(sorts) == 1  # not once per request: 38 requests
+
+    tree.rmdir(ROOT_INODE, b"v5")
+    tree.add(tree.root, b"new", tree.new_dir(mode=0o755))
+    tree.rename(ROOT_INODE, b"v7", ROOT_INODE, b"seven")
+    expected = [f"v{i}".encode() for i in range(1000) if i not in (5, 7)]
+    expected.insert(7 - 1, b"seven")  # a renamed entry keeps its node, and its place
+    assert listing(tree, tree.root, 27) == [*expected, b"new"]
+    assert len(sorts) == 2
+
+
+def test_the_link_count_of_a_large_directory_follows_its_changes() -> None:
+    tree = wide_tree(100)
+    tree.add(tree.root, b"file", tree.new_file(b"", mode=0o644))
+    assert tree.root.nlink == 102
+    tree.add(tree.root, b"one-more", tree.new_dir(mode=0o755))
+    assert tree.root.nlink == 103
+    tree.rmdir(ROOT_INODE, b"v0")
+    tree.unlink(ROOT_INODE, b"file")
+    assert tree.root.nlink == 102
