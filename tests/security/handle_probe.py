@@ -16,6 +16,10 @@ import json
 import os
 import struct
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 FILEID_INO64_GEN = 0x81
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -106,12 +110,41 @@ def main(argv: list[str]) -> dict[str, object]:
             except OSError:
                 pass
         result["guessed_generations_that_decode"] = hits
-    try:
-        os.close(os.open(os.path.join(bind, key), os.O_RDWR))
-        result["open_for_writing"] = "allowed"
-    except OSError as exc:
-        result["open_for_writing"] = _name(exc)
+    result["changes"] = _changes(os.path.join(bind, key), bind)
     return result
+
+
+def _changes(path: str, bind: str) -> dict[str, str]:
+    """Every way at hand to change a served file or its cached pages, and what each answered."""
+    import mmap
+
+    def attempt(change: Callable[[], object]) -> str:
+        try:
+            change()
+        except OSError as exc:
+            return _name(exc)
+        return "allowed"
+
+    def mapped_writable() -> None:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            mmap.mmap(fd, 0, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+        finally:
+            os.close(fd)
+
+    return {
+        "open O_RDWR": attempt(lambda: os.close(os.open(path, os.O_RDWR))),
+        "open O_WRONLY|O_TRUNC": attempt(lambda: os.close(os.open(path, os.O_WRONLY | os.O_TRUNC))),
+        "mmap MAP_SHARED writable": attempt(mapped_writable),
+        "truncate": attempt(lambda: os.truncate(path, 0)),
+        "chmod": attempt(lambda: os.chmod(path, 0o777)),
+        "utime": attempt(lambda: os.utime(path, (0, 0))),
+        "setxattr": attempt(lambda: os.setxattr(path, "user.x", b"1")),
+        "unlink": attempt(lambda: os.unlink(path)),
+        "rename ..data": attempt(lambda: os.rename(os.path.join(bind, "..data"), path + ".x")),
+        "mkdir": attempt(lambda: os.mkdir(os.path.join(bind, "new"))),
+        "symlink": attempt(lambda: os.symlink("x", os.path.join(bind, "new"))),
+    }
 
 
 if __name__ == "__main__":

@@ -52,6 +52,14 @@ spec:
   volumes:
     - name: config
       configMap: {{name: app, defaultMode: 0777}}
+    - name: all
+      projected:
+        defaultMode: 0666
+        sources:
+          - configMap: {{name: app}}
+          - downwardAPI: {{items: [{{path: name, fieldRef: {{fieldPath: metadata.name}}}}]}}
+    - name: labels
+      downwardAPI: {{items: [{{path: uid, fieldRef: {{fieldPath: metadata.uid}}}}]}}
 ---
 apiVersion: v1
 kind: Secret
@@ -140,7 +148,12 @@ def test_a_host_user_reaches_no_served_file_and_changes_none(two_tenants: Path, 
         conf = _volume(root, UID_A, "configmap", "config") / "conf"
         wait_for(password.exists)
         subtrees = os.listdir(layout.fuse_mountpoint(root))
-        targets = [str(password), str(conf), str(layout.fuse_mountpoint(root))]
+        others = [
+            _volume(root, UID_A, "projected", "all") / "conf",
+            _volume(root, UID_A, "projected", "all") / "name",
+            _volume(root, UID_A, "downward-api", "labels") / "uid",
+        ]
+        targets = [str(password), str(conf), *map(str, others), str(layout.fuse_mountpoint(root))]
         targets += [str(layout.fuse_mountpoint(root) / s / "conf") for s in subtrees]
         for uid, gid, groups in ((65534, 65534, ""), (1000, 1000, "1000")):
             groups_args = ["--clear-groups"] if not groups else [f"--groups={groups}"]
@@ -225,14 +238,15 @@ def test_a_container_reaches_no_other_pods_file_by_handle_or_name(
             assert set(result["names"].values()) == {"ENOENT"}, result
         assert result["guessed_generations_that_decode"] == 0
         listed = set(os.listdir(layout.fuse_mountpoint(root)))  # root, in the agent's namespace
-        assert len(listed) == 2
+        assert len(listed) == 4  # two shared, two a pod's own (its downward API)
         assert not listed & set(_readable_subtree_names())  # keyed: nobody computes them
-        assert result["open_for_writing"] == "EROFS"
+        assert set(result["changes"].values()) <= {"EROFS", "EACCES", "EPERM"}, result["changes"]
         without = ("setpriv", "--bounding-set=-dac_read_search")  # containerd's default set
         for privileges in (without, ("setpriv", "--reuid=1000", "--regid=1000", "--clear-groups")):
             denied = _probe(root, own, "conf", privileges=privileges)
             assert denied["decoded"] == [], privileges
             assert denied["refusals"] == ["EPERM"], privileges
+            assert set(denied["changes"].values()) <= {"EROFS", "EACCES", "EPERM"}, privileges
         # every other pod kept its files and gets its updates meanwhile
         assert (vault / "password").read_bytes() == SECRET_B.encode()
         write_atomically(two_tenants / "pods.yaml", MANIFESTS.replace(SECRET_B, "changed"))
