@@ -38,7 +38,7 @@ import collections
 import errno
 import logging
 import os
-from typing import TYPE_CHECKING, ParamSpec, TypeVar
+from typing import TYPE_CHECKING
 
 import pyfuse3
 
@@ -52,9 +52,6 @@ if TYPE_CHECKING:
     from fusevol.fuse.tree import Node, Tree
 
 log = logging.getLogger(__name__)
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 
@@ -137,7 +134,7 @@ class Operations(pyfuse3.Operations):
         self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         self.requests["lookup"] += 1
-        return self._attributes(_call(self._tree.lookup, parent_inode, name))
+        return self._attributes(self._tree.lookup(parent_inode, name))
 
     async def forget(self, inode_list: Sequence[tuple[pyfuse3.InodeT, int]]) -> None:
         """Has no answer: pyfuse3 would end `main()` on any exception, a FUSEError included."""
@@ -153,12 +150,12 @@ class Operations(pyfuse3.Operations):
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.EntryAttributes:
         self.requests["getattr"] += 1
-        return self._attributes(_call(self._tree.__getitem__, inode))
+        return self._attributes(self._tree[inode])
 
     @answering_errors
     async def readlink(self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext) -> bytes:
         self.requests["readlink"] += 1
-        return _call(self._tree.__getitem__, inode).target
+        return self._tree[inode].target
 
     @answering_errors
     async def open(
@@ -167,7 +164,7 @@ class Operations(pyfuse3.Operations):
         self.requests["open"] += 1
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
-        _call(self._tree.__getitem__, inode)
+        self._tree[inode]
         if "no_open_support" in self.capabilities:
             raise pyfuse3.FUSEError(errno.ENOSYS)  # the kernel opens files itself from now on
         return pyfuse3.FileInfo(fh=inode, keep_cache=True)
@@ -176,7 +173,7 @@ class Operations(pyfuse3.Operations):
     async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
         """`fh` is the inode: the handle `open` returns, or what pyfuse3 passes without an open."""
         self.requests["read"] += 1
-        data = _call(self._tree.__getitem__, fh).data[off : off + size]
+        data = self._tree[fh].data[off : off + size]
         self.read_bytes += len(data)
         return data
 
@@ -190,7 +187,7 @@ class Operations(pyfuse3.Operations):
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
         self.requests["opendir"] += 1
-        node = _call(self._tree.__getitem__, inode)
+        node = self._tree[inode]
         if not node.is_dir:
             raise pyfuse3.FUSEError(errno.ENOTDIR)
         if inode == ROOT_INODE and not in_mount_namespace(ctx.pid, self._mount_namespace):
@@ -204,7 +201,7 @@ class Operations(pyfuse3.Operations):
         self, fh: pyfuse3.FileHandleT, start_id: int, token: pyfuse3.ReaddirToken
     ) -> None:
         self.requests["readdir"] += 1
-        directory = _call(self._tree.__getitem__, fh)
+        directory = self._tree[fh]
         for name, node in self._tree.entries(directory, after=start_id):
             if not pyfuse3.readdir_reply(token, name, self._attributes(node), node.inode):
                 return
@@ -236,7 +233,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         self.requests["mkdir"] += 1
         self._require_agent(ctx)
-        return self._attributes(_call(self._tree.mkdir, parent_inode, name))
+        return self._attributes(self._tree.mkdir(parent_inode, name))
 
     @answering_errors
     async def symlink(
@@ -248,7 +245,7 @@ class Operations(pyfuse3.Operations):
     ) -> pyfuse3.EntryAttributes:
         self.requests["symlink"] += 1
         self._require_agent(ctx)
-        return self._attributes(_call(self._tree.symlink, parent_inode, name, target))
+        return self._attributes(self._tree.symlink(parent_inode, name, target))
 
     @answering_errors
     async def rename(
@@ -264,7 +261,7 @@ class Operations(pyfuse3.Operations):
         self._require_agent(ctx)
         if flags:
             raise pyfuse3.FUSEError(errno.EINVAL)
-        _call(self._tree.rename, parent_inode_old, name_old, parent_inode_new, name_new)
+        self._tree.rename(parent_inode_old, name_old, parent_inode_new, name_new)
 
     @answering_errors
     async def unlink(
@@ -272,7 +269,7 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         self.requests["unlink"] += 1
         self._require_agent(ctx)
-        _call(self._tree.unlink, parent_inode, name)
+        self._tree.unlink(parent_inode, name)
 
     @answering_errors
     async def rmdir(
@@ -280,7 +277,7 @@ class Operations(pyfuse3.Operations):
     ) -> None:
         self.requests["rmdir"] += 1
         self._require_agent(ctx)
-        _call(self._tree.rmdir, parent_inode, name)
+        self._tree.rmdir(parent_inode, name)
 
     # -- refused to everyone -----------------------------------------------------------------------
 
@@ -341,10 +338,3 @@ class Operations(pyfuse3.Operations):
         if self.key is not None:
             attrs.generation = self.key.generation(node.inode)
         return attrs
-
-
-def _call(fn: Callable[_P, _R], *args: _P.args, **kwargs: _P.kwargs) -> _R:
-    try:
-        return fn(*args, **kwargs)
-    except OSError as exc:
-        raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
