@@ -67,16 +67,17 @@ class Entries:
     entry and 88 for three where a dict is 224, on the two directories of each of thousands
     of volumes. Beyond, a dict (the mount's root holds a directory per pod volume). A name is
     bytes and a node never equals one, so `tuple.index` finds a name at its even place.
-    A dict's count of subdirectories is kept once counted, until it changes (`subdirectories`):
-    a tenant's ConfigMap of 100,000 keys would cost 100,000 steps in every GETATTR of its
-    version directory."""
+    A dict's count of subdirectories is kept once counted, and follows its changes
+    (`subdirectories`): a tenant's ConfigMap of 100,000 keys would cost 100,000 steps in every
+    GETATTR of its directories, and the kernel asks for one after each of the 200,000 symlinks
+    and unlinks of an edit that renames all the keys."""
 
     __slots__ = ("_items", "_subdirectories")
 
     def __init__(self) -> None:
         self._items: tuple[Any, ...] | dict[bytes, Node] = ()
         self._subdirectories = -1
-        """The dict's entries that are directories; -1: not counted since it last changed."""
+        """The dict's entries that are directories; -1: not counted yet."""
 
     def subdirectories(self) -> int:
         """How many entries are directories (what a directory's link count adds to 2)."""
@@ -105,8 +106,9 @@ class Entries:
     def __setitem__(self, name: bytes, node: Node) -> None:
         items = self._items
         if isinstance(items, dict):
+            if self._subdirectories >= 0:
+                self._subdirectories += _is_dir(node) - _is_dir(items.get(name))
             items[name] = node
-            self._subdirectories = -1
         elif name in items:
             at = items.index(name) + 1
             self._items = (*items[:at], node, *items[at + 1 :])
@@ -118,8 +120,9 @@ class Entries:
     def __delitem__(self, name: bytes) -> None:
         items = self._items
         if isinstance(items, dict):
+            if self._subdirectories >= 0:
+                self._subdirectories -= _is_dir(items.get(name))
             del items[name]
-            self._subdirectories = -1
         elif name in items:
             at = items.index(name)
             self._items = (*items[:at], *items[at + 2 :])
@@ -149,6 +152,10 @@ class Entries:
         if isinstance(items, dict):
             return items.items()
         return zip(items[0::2], items[1::2], strict=True)
+
+
+def _is_dir(node: Node | None) -> int:
+    return int(node is not None and node.children is not None)
 
 
 class Node:
@@ -420,9 +427,10 @@ class Tree:
     def entries(self, directory: Node, after: int) -> Iterator[tuple[bytes, Node]]:
         """Entries ordered by inode number, starting after inode `after`: stable readdir offsets.
 
-        A large directory's order is kept (`_ORDERS_KEPT` of them, until they change): a listing
-        takes a READDIR request for every few dozen entries, and sorting all of them in each
-        request made a listing of a tenant's 100,000 keys cost minutes of the trio thread."""
+        A large directory's order is kept (`_ORDERS_KEPT` of them), and follows its changes
+        (`_entered`, `_left`): a listing takes a READDIR request for every few dozen entries, and
+        sorting all of them in each request made a listing of a tenant's 100,000 keys cost
+        seconds of the trio thread (and minutes, while its entries change)."""
         assert directory.children is not None
         if len(directory.children) <= _ORDERED:
             for name, node in sorted(directory.children.items(), key=lambda item: item[1].inode):
@@ -476,8 +484,11 @@ class Tree:
         del old_parent.children[old]
         new_parent.children[new] = node
         node.parent = new_parent
+        self._left(old_parent, node)
         if replaced is not None:
+            self._left(new_parent, replaced)
             self._detach(replaced)
+        self._entered(new_parent, new, node)
         self._touch(old_parent, new_parent)
         if self.observer is not None:
             self.observer.renamed(old_parent, old, new_parent, new)
@@ -518,6 +529,7 @@ class Tree:
         if node.is_dir != directory:
             raise OSError(errno.EISDIR if node.is_dir else errno.ENOTDIR, "wrong file type")
         del parent.children[name]
+        self._left(parent, node)
         self._detach(node)
         self._touch(parent)
         if self.observer is not None:
@@ -539,6 +551,7 @@ class Tree:
         except BaseException:
             node.nlookup -= lookups
             del parent.children[name]  # type: ignore[union-attr]
+            self._left(parent, node)
             node.parent = None
             self._forget_all(below)
             parent.mtime_ns = mtime_ns
@@ -549,7 +562,11 @@ class Tree:
         """Link `node` at `parent/name` and enter its subtree in the inode table; returns the
         subtree's nodes. Nothing changes until the subtree has been walked."""
         below = list(walk(node))
+        replaced = parent.children.get(name)  # type: ignore[union-attr]
         _link(parent, name, node)
+        if replaced is not None:
+            self._left(parent, replaced)
+        self._entered(parent, name, node)
         for each in below:
             each.attached = True
             self._nodes[each.inode] = each
@@ -566,12 +583,22 @@ class Tree:
             if each.nlookup == 0:
                 self._nodes.pop(each.inode, None)
 
+    def _entered(self, directory: Node, name: bytes, node: Node) -> None:
+        """`node` is now `directory`'s entry `name`: in the kept order, if there is one."""
+        order = self._orders.get(directory.inode)
+        if order is not None:
+            order.insert(name, node)
+
+    def _left(self, directory: Node, node: Node) -> None:
+        """`node` is no longer an entry of `directory`: out of the kept order, if there is one."""
+        order = self._orders.get(directory.inode)
+        if order is not None:
+            order.remove(node)
+
     def _touch(self, *directories: Node) -> None:
-        """`directories` changed: their time, and no kept order of their entries (`entries`)."""
         now = self._clock_ns()
         for directory in directories:
             directory.mtime_ns = now
-            self._orders.pop(directory.inode, None)
 
 
 _ORDERED = 64
@@ -598,6 +625,17 @@ class _Order:
         """The entries after `inode`, found by bisection, not by a walk from the first."""
         for at in range(bisect.bisect_right(self.inodes, inode), len(self.inodes)):
             yield self.names[at], self.nodes[at]
+
+    def insert(self, name: bytes, node: Node) -> None:
+        at = bisect.bisect_right(self.inodes, node.inode)
+        self.inodes.insert(at, node.inode)
+        self.names.insert(at, name)
+        self.nodes.insert(at, node)
+
+    def remove(self, node: Node) -> None:
+        at = bisect.bisect_left(self.inodes, node.inode)
+        if at < len(self.nodes) and self.nodes[at] is node:
+            del self.inodes[at], self.names[at], self.nodes[at]
 
 
 def names(path: str) -> tuple[bytes, ...]:
