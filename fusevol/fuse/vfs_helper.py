@@ -54,9 +54,7 @@ def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None
             os.rmdir(version)
         raise
     links(root, missing)  # (10)
-    for entry in removed:  # (11)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(root, entry))
+    unlinks(root, removed)  # (11)
 
 
 def links(root: str, names: list[str]) -> None:
@@ -66,12 +64,20 @@ def links(root: str, names: list[str]) -> None:
             os.symlink(f"{DATA}/{entry}", os.path.join(root, entry))
 
 
+def unlinks(root: str, names: list[str]) -> None:
+    """Remove each top-level name; one already gone is no error (step (11) of `switch`)."""
+    for entry in names:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(root, entry))
+
+
 OPERATIONS: dict[str, Callable[..., None]] = {
     "mkdir": os.mkdir,
     "rmdir": os.rmdir,
     "unlink": os.unlink,
     "switch": switch,
     "links": links,
+    "unlinks": unlinks,
 }
 
 
