@@ -21,6 +21,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -297,6 +298,45 @@ def test_a_listing_of_100000_keys_leaves_every_other_read_answered(
     assert cpu_s(served.agent.pid) - spent < 3  # 0.3 s; sorting in each request: 6.4 s
     served.remove("wide-pod.json", uid)
     (served.manifests / "wide.yaml").unlink()
+    assert served.subtrees() == subtrees_before
+
+
+def test_edits_renaming_every_key_of_two_large_volumes_delay_no_other_pods_update(
+    served: Served, subtrees_before: set[str]
+) -> None:
+    """Two ConfigMaps of 50,000 keys each, every key renamed in one edit: 200,000 symlinks and
+    unlinks in the two volumes (kubelet's steps (10) and (11)). The bystander's edit, made
+    meanwhile, is published in seconds: it took 390 s while those two publishes held both
+    publishing helpers, each of their operations costing a count of the whole directory."""
+
+    def wide(name: str, prefix: str) -> str:
+        data = "".join(f"  {prefix}{i}: ''\n" for i in range(50_000))
+        return f"kind: ConfigMap\nmetadata: {{name: {name}, namespace: default}}\ndata:\n{data}"
+
+    volumes = []
+    for n in (1, 2):
+        uid = f"aaaaaaaa-4444-4000-8000-00000000000{n}"
+        served.drop(f"wide{n}.yaml", wide(f"wide{n}", "a"))
+        source = {"configMap": {"name": f"wide{n}"}}
+        served.drop(f"wide{n}-pod.json", pod_manifest(f"wide{n}", uid, {"wide": source}))
+        volumes.append((uid, served.agent.volume(uid, "configmap", "wide")))
+    for _, volume in volumes:
+        wait_for(lambda v=volume: (v / "a49999").exists(), timeout_s=120)  # type: ignore[misc]
+
+    for n in (1, 2):
+        served.drop(f"wide{n}.yaml", wide(f"wide{n}", "b"))
+    for _, volume in volumes:  # their publishes have begun
+        wait_for(lambda v=volume: (v / "..data" / "b0").exists(), timeout_s=60)  # type: ignore[misc]
+    started = time.monotonic()
+    served.bystander_gets_an_edit()
+    assert time.monotonic() - started < 30
+
+    for _, volume in volumes:
+        wait_for(lambda v=volume: not (v / "a0").is_symlink(), timeout_s=300)  # type: ignore[misc]
+        assert (volume / "b49999").read_bytes() == b""
+    for n, (uid, _) in enumerate(volumes, 1):
+        served.remove(f"wide{n}-pod.json", uid)
+        (served.manifests / f"wide{n}.yaml").unlink()
     assert served.subtrees() == subtrees_before
 
 
