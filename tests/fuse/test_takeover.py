@@ -18,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
@@ -35,9 +35,6 @@ from tests.agent import (
     wait_for,
 )
 from tests.manifests import POD_UID, configmap
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 pytestmark = pytest.mark.skipif(not can_take_over(), reason="needs fusevol's patched pyfuse3")
 
@@ -399,6 +396,54 @@ def test_the_holder_keeps_the_connection_when_the_agents_pod_goes(
         f"kill -9 of the agent's pod, holder: 0 failed reads of {len(records)},"
         f" longest {pause:.2f} s"
     )
+
+
+def test_the_holder_lets_go_of_a_torn_down_connection_another_namespace_still_mounts(
+    manifests: Path, tmp_path: Path
+) -> None:
+    """A process that made itself a mount namespace (`unshare --mount`, private: as any process
+    that copies the node's mount table does, a container with a private host path) while the
+    agent served keeps a copy of the FUSE mount that the agent's tear-down never reaches, and the
+    kernel's connection with it. The holder lets go all the same once the agent's own mount is
+    gone: nobody is left to serve that copy (it then reads ENOTCONN), and the next agent on the
+    root mounts afresh instead of taking over a connection mounted nowhere of its own."""
+    root = tmp_path / "root"
+    holder = Holder(root)
+    copy = None
+    try:
+        with running_agent(manifests, root) as agent:
+            agent.wait_state(POD_UID, "config", "mounted")
+            wait_for(lambda: "held by fusevol hold" in agent.log_text())
+            mountpoint = str(agent.fuse_mountpoint())
+            argv = ["unshare", "--mount", "--propagation", "private", "sleep", "600"]
+            copy = subprocess.Popen(argv)
+            pid = copy.pid
+            wait_for(lambda: f" {mountpoint} " in Path(f"/proc/{pid}/mountinfo").read_text())
+            agent.stop()  # a tear-down: every mount of ours gone, the copy stays
+        wait_for(lambda: "no longer held" in holder.log_text(), timeout_s=10)
+        assert "the agent's FUSE mount is gone" in holder.log_text()
+        nobody_serves = subprocess.run(
+            ["nsenter", f"--target={copy.pid}", "--mount", "ls", mountpoint],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        assert "Transport endpoint is not connected" in nobody_serves.stderr
+
+        with running_agent(manifests, root) as agent:
+            agent.wait_state(POD_UID, "config", "mounted")
+            assert "taking over the FUSE connection" not in agent.log_text()
+            volume = agent.volume(POD_UID, "configmap", "config")
+            (manifests / "configmap.yaml").write_text(configmap(a="fresh"))
+            wait_for(lambda: (volume / "a").read_text() == "fresh")
+            wait_for(lambda: holder.log_text().count("holding the agent's FUSE connection") == 2)
+            agent.stop()
+        wait_for(lambda: holder.log_text().count("no longer held") == 2, timeout_s=10)
+    finally:
+        if copy is not None:
+            copy.kill()
+            copy.wait(timeout=10)
+        assert holder.stop() == 0
 
 
 def test_a_successor_dying_mid_transfer_costs_the_serving_agent_nothing(
