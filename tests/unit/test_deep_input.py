@@ -191,6 +191,7 @@ def cm_volume(*items: KeyToPath) -> ConfigMapVolumeSource:
 
 
 CM = ConfigMap("ns", "cm", ResourceVersion("1"), data={"k": b"v"})
+CM_FILE = FileProjection(b"v", 0o644)
 
 
 @pytest.mark.parametrize(
@@ -359,3 +360,41 @@ def test_the_link_count_of_a_large_directory_follows_its_changes() -> None:
     tree.rmdir(ROOT_INODE, b"v0")
     tree.unlink(ROOT_INODE, b"file")
     assert tree.root.nlink == 102
+
+
+def test_the_count_of_detached_nodes_follows_every_change_without_a_walk() -> None:
+    """`statistics`, which every STATFS asks for, counts as nodes come and go: checked against a
+    count over the inode table after each step of versions published, held, removed, forgotten."""
+    tree = Tree()
+
+    def check() -> None:
+        table = tree._nodes
+        assert tree.statistics().detached_known == sum(not n.attached for n in table.values())
+        assert tree.statistics().nodes == len(table)
+
+    volume = tree.new_dir(mode=0o755)
+    tree.stage(tree.root, b"vol", volume)
+    tree.mkdir(ROOT_INODE, b"vol")
+    held = []
+    for n in range(3):
+        version = tree.build_version({f"d/f{n}": FileProjection(b"x", 0o644), "g": CM_FILE})
+        tree.stage(volume, f"..v{n}".encode(), version)
+        tree.mkdir(volume.inode, f"..v{n}".encode())
+        check()
+        held.append(tree.lookup(tree.lookup(version.inode, b"d").inode, f"f{n}".encode()))
+        tree.symlink(volume.inode, b"..data_tmp", f"..v{n}".encode())
+        tree.rename(volume.inode, b"..data_tmp", volume.inode, b"..data")  # replaces the last
+        check()
+        if n:
+            tree.rmdir(volume.inode, f"..v{n - 1}".encode())  # its `d` and file still held
+            check()
+    for node in held[:-1]:
+        tree.forget(node.inode, 1)
+        check()
+        tree.forget(node.parent.inode, 1)  # type: ignore[union-attr]
+        check()
+    tree.rmdir(ROOT_INODE, b"vol")
+    check()
+    # What the kernel still holds: `vol`, the three versions (mkdir's lookups), the three `..data`
+    # links (symlink's), the last version's `d` and file.
+    assert tree.statistics().detached_known == 9
