@@ -2,8 +2,9 @@
 kubelet's own API (docs/kubelet.md fact 12). Every caller counts, loopback included: kubelet
 authenticates its loopback callers too.
 
-1. A caller at a loopback address whose end of the connection is a socket of root (uid 0 in the
-   agent's user namespace, as the kernel's sock_diag tells: `ss -e` shows the same) is answered:
+1. A caller on this node (at a loopback address, or at one of the node's own, where the chart's
+   agent listens) whose end of the connection is a socket of root (uid 0 in the agent's user
+   namespace, as the kernel's sock_diag tells: `ss -e` shows the same) is answered:
    root reads `<root>/fusevol/status.json` anyway, and `fusevol status` does. The socket must
    still be open and connected (a closed socket's remains carry no owner a caller can vouch for).
 2. Any other caller must send a bearer token that the API server authenticates (a TokenReview)
@@ -111,13 +112,14 @@ class Authorizer:
         return None
 
     def _root(self, caller: Connection) -> bool:
-        """(1) `caller` is root on this node: its socket, on loopback, is root's."""
+        """(1) `caller` is root on this node: its socket, found in our network namespace, is
+        root's."""
         try:
             return peer.caller_uid(caller) == 0
         except OSError as exc:  # nobody is root then; the others still authenticate
             if not self._unknown_callers:
                 self._unknown_callers = True
-                log.warning("http auth: cannot tell who a loopback caller is: %s", exc)
+                log.warning("http auth: cannot tell who a caller on this node is: %s", exc)
             return False
 
     async def _authenticate(self, token: str) -> User | None:

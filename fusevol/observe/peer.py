@@ -1,11 +1,14 @@
-"""Who is at the other end of a loopback TCP connection: the uid owning the caller's socket, as
-the kernel tells it (sock_diag, what `ss -e` shows), the TCP counterpart of a Unix socket's
-SO_PEERCRED.
+"""Who is at the other end of a TCP connection made on this node: the uid owning the caller's
+socket, as the kernel tells it (sock_diag, what `ss -e` shows), the TCP counterpart of a Unix
+socket's SO_PEERCRED.
 
-A loopback connection's two sockets are both in the agent's network namespace, so the kernel can
+A connection made on the node (to loopback, or to one of the node's own addresses, where the
+chart's agent listens) has both its sockets in the agent's network namespace, so the kernel can
 look the caller's one up by its four addresses and ports (`SOCK_DIAG_BY_FAMILY`, one exact
-lookup, not a dump). The uid is that of the process that made the socket (`sk_uid`), seen from
-the agent's user namespace; a socket only changes hands if its owner passes it on.
+lookup, not a dump). A caller elsewhere (another host, a pod with a network namespace of its
+own) has no socket here: the lookup finds nothing, and it is nobody. The uid is that of the
+process that made the socket (`sk_uid`), seen from the agent's user namespace; a socket only
+changes hands if its owner passes it on.
 
 Only a socket that is still open and connected counts: once its process closed it, the kernel
 keeps what is left of it (FIN_WAIT2, TIME_WAIT) with no file and the uid 0 or the old one, which
@@ -64,23 +67,22 @@ class Connection:
         return cls(str(peer[0]), int(peer[1]), str(local[0]), int(local[1]))
 
 
-def loopback(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
-    """`address` as an address of the loopback (an IPv4 one mapped into IPv6 as itself), or
-    None for any other address."""
+def _address(address: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """`address` as an IP address (an IPv4 one mapped into IPv6 as itself), or None."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0])
     except ValueError:
         return None
     if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
         ip = ip.ipv4_mapped
-    return ip if ip.is_loopback else None
+    return ip
 
 
 def caller_uid(connection: Connection) -> int | None:
-    """The uid owning the caller's socket of a loopback `connection` that is still open; None
-    for another host's caller, or a socket closed or gone. OSError if the kernel cannot be
+    """The uid owning the caller's socket of `connection`, made on this node and still open;
+    None for a caller elsewhere, or a socket closed or gone. OSError if the kernel cannot be
     asked (no sock_diag)."""
-    peer, local = loopback(connection.peer_address), loopback(connection.local_address)
+    peer, local = _address(connection.peer_address), _address(connection.local_address)
     if peer is None or local is None or peer.version != local.version:
         return None
     family = socket.AF_INET if peer.version == 4 else socket.AF_INET6
