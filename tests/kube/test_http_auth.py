@@ -1,15 +1,17 @@
 """Who may read `/status` and `/metrics` (`fusevol.observe.auth`): callers the API server
 authenticates (TokenReview) and authorizes (SubjectAccessReview: get `nodes/proxy` for /status,
 `nodes/metrics` for /metrics, of this node), as kubelet's own API, and root on the node (a
-loopback caller whose socket is root's: these tests run as root); the probes, everyone. A host
-user on loopback: tests/security/test_http_and_names.py."""
+caller on the node whose socket is root's: these tests run as root); the probes, everyone. A
+host user on the node: tests/security/test_http_and_names.py."""
 
 from __future__ import annotations
 
 import contextlib
 import http.client
+import json
 import re
 import subprocess
+import sys
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -23,25 +25,64 @@ if TYPE_CHECKING:
     from tests.helpers.apiserver import ApiServer
 
 ADDRESS = "198.18.0.1"
-"""Not a loopback address (the benchmarking range), put on `lo` for the test: a caller on it
-is "another host" to the agent."""
+"""The agent's side of a veth pair to another network namespace, made for the test (the
+benchmarking range): a caller in that namespace is another host to the agent, its socket nowhere
+in the agent's namespace. (A second address on the agent's own `lo` would not do: a caller there
+is on the node, and root's socket is root's.)"""
+OTHER = "198.18.0.2"
+NAMESPACE = "fusevol-other-host"
 SCRAPER, VIEWER, STRANGER = "scraper-token", "viewer-token", "stranger-token"
 
 
 @pytest.fixture
 def other_host() -> Iterator[str]:
-    subprocess.run(["ip", "addr", "add", f"{ADDRESS}/32", "dev", "lo"], check=True)
+    """Another host: a network namespace of its own, reached over a veth pair; yields the
+    address of the agent's side, which the other host connects to."""
+    subprocess.run(["ip", "netns", "del", NAMESPACE], capture_output=True, check=False)
+    for command in (
+        ["ip", "netns", "add", NAMESPACE],
+        ["ip", "link", "add", "fv-node", "type", "veth", "peer", "name", "fv-other"],
+        ["ip", "link", "set", "fv-other", "netns", NAMESPACE],
+        ["ip", "addr", "add", f"{ADDRESS}/30", "dev", "fv-node"],
+        ["ip", "link", "set", "fv-node", "up"],
+        ["ip", "-n", NAMESPACE, "addr", "add", f"{OTHER}/30", "dev", "fv-other"],
+        ["ip", "-n", NAMESPACE, "link", "set", "fv-other", "up"],
+    ):
+        subprocess.run(command, check=True)
     try:
         yield ADDRESS
     finally:
-        subprocess.run(["ip", "addr", "del", f"{ADDRESS}/32", "dev", "lo"], check=False)
+        subprocess.run(["ip", "link", "del", "fv-node"], check=False)
+        subprocess.run(["ip", "netns", "del", NAMESPACE], check=False)
+
+
+_GET = """
+import http.client, json, sys
+host, port, path, token = sys.argv[1:5]
+connection = http.client.HTTPConnection(host, int(port), timeout=10)
+connection.request("GET", path, headers={"Authorization": f"Bearer {token}"} if token else {})
+response = connection.getresponse()
+print(json.dumps([response.status, response.read().decode()]))
+"""
 
 
 def get(agent: AgentProcess, host: str, path: str, token: str | None = None) -> tuple[int, str]:
+    """GET `path` from the agent at `host`: from this node at 127.0.0.1, else from the other
+    host's network namespace."""
     port = re.findall(r"http listening address=\S*:(\d+)", agent.log_text())[-1]
-    # The caller is on that address (another host, unless it is loopback).
-    source = None if host == "127.0.0.1" else (host, 0)
-    connection = http.client.HTTPConnection(host, int(port), timeout=10, source_address=source)
+    if host != "127.0.0.1":
+        done = subprocess.run(
+            [
+                *("ip", "netns", "exec", NAMESPACE, sys.executable, "-c", _GET),
+                *(host, port, path, token or ""),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        status, body = json.loads(done.stdout)
+        return int(status), str(body)
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
     with contextlib.closing(connection):
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         connection.request("GET", path, headers=headers)
