@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 
 from fusevol.base.fsutil import mkdir_all
@@ -27,6 +28,28 @@ _OPTION_FLAGS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC}
 """The same flags as mountinfo's per-mount options name them."""
 _libc = ctypes.CDLL(None, use_errno=True)
 
+# The new mount API (Linux 5.2, mount_setattr 5.12); the same numbers on every architecture.
+_SYS_OPEN_TREE, _SYS_MOVE_MOUNT, _SYS_MOUNT_SETATTR = 428, 429, 442
+_AT_FDCWD = -100
+_AT_EMPTY_PATH = 0x1000
+_OPEN_TREE_CLONE = 1
+_OPEN_TREE_CLOEXEC = os.O_CLOEXEC
+_MOVE_MOUNT_F_EMPTY_PATH = 0x4
+_MOUNT_ATTR_RDONLY = 0x1
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [
+        ("attr_set", ctypes.c_uint64),
+        ("attr_clr", ctypes.c_uint64),
+        ("propagation", ctypes.c_uint64),
+        ("userns_fd", ctypes.c_uint64),
+    ]
+
+
+_new_mount_api = True
+"""False once the kernel said it has no mount_setattr (ENOSYS): binds are remounted instead."""
+
 
 def mount2(source: str | None, target: str, flags: int) -> None:
     """mount(2) with no file system type and no data: binds and their remounts."""
@@ -42,6 +65,65 @@ def umount2(target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
+def _syscall(number: int, *args: object) -> int:
+    result = int(_libc.syscall(ctypes.c_long(number), *args))
+    if result < 0:
+        code = ctypes.get_errno()
+        raise OSError(code, os.strerror(code))
+    return result
+
+
+def _bind_read_only(source: str, target: str) -> bool:
+    """Bind `source` on `target` read-only in one step: a clone of its mount, made read-only
+    (keeping its nosuid, nodev, noexec) before it is attached. A bind made read-only by a
+    remount afterwards is read-only in this mount namespace only: the copies that propagation
+    made of it meanwhile (the host's, of a bind the chart's agent makes below kubelet's
+    Bidirectional directory) stay read-write. False if the kernel lacks the calls."""
+    global _new_mount_api
+    if not _new_mount_api:
+        return False
+    path = os.fsencode(source)
+    try:
+        tree = _syscall(
+            _SYS_OPEN_TREE, _AT_FDCWD, path, ctypes.c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+        )
+    except OSError as exc:
+        if exc.errno != errno.ENOSYS:
+            raise OSError(exc.errno, exc.strerror, source) from None
+        _new_mount_api = False
+        return False
+    try:
+        attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
+        try:
+            _syscall(
+                _SYS_MOUNT_SETATTR,
+                tree,
+                b"",
+                ctypes.c_uint(_AT_EMPTY_PATH),
+                ctypes.byref(attr),
+                ctypes.c_size_t(ctypes.sizeof(attr)),
+            )
+        except OSError as exc:
+            if exc.errno != errno.ENOSYS:
+                raise OSError(exc.errno, exc.strerror, source) from None
+            _new_mount_api = False
+            return False
+        try:
+            _syscall(
+                _SYS_MOVE_MOUNT,
+                tree,
+                b"",
+                _AT_FDCWD,
+                os.fsencode(target),
+                ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
+            )
+        except OSError as exc:
+            raise OSError(exc.errno, exc.strerror, target) from None
+    finally:
+        os.close(tree)
+    return True
+
+
 def bind(
     source: str,
     target: str,
@@ -51,7 +133,8 @@ def bind(
     holder: tuple[str, list[str]] | None,
 ) -> str:
     """0. stat `source` for its device, and create `target` with mode `make_target` if given;
-    1. bind `source` on `target`; 2. if `read_only`, remount the bind read-only, keeping its
+    1. bind `source` on `target` (if `read_only`, read-only in one step: `_bind_read_only`,
+    and 2. is not needed); 2. if `read_only`, remount the bind read-only, keeping its
     nosuid/nodev/noexec (a bind remount sets exactly the flags given): those of `holder`, the
     (device, options) of the mount the table says `source` is on, if its device is the one the
     stat found, else a statvfs of the new bind (a request to a FUSE server: one per bind of a
@@ -62,9 +145,11 @@ def bind(
     device = f"{os.major(st_dev)}:{os.minor(st_dev)}"
     if make_target is not None:
         mkdir_all(target, make_target)
-    mount2(source, target, MS_BIND)
+    made_read_only = read_only and _bind_read_only(source, target)
+    if not made_read_only:
+        mount2(source, target, MS_BIND)
     try:
-        if read_only:
+        if read_only and not made_read_only:
             if holder is not None and holder[0] == device:
                 kept = {_OPTION_FLAGS[o] for o in holder[1] if o in _OPTION_FLAGS}
             else:

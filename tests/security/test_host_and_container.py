@@ -274,3 +274,37 @@ def test_locks_on_served_files_are_refused_so_no_pod_blocks_another(
                 with pytest.raises(OSError, match="No locks available") as info:
                     lock()
                 assert info.value.errno == errno.ENOLCK
+
+
+def test_binds_are_read_only_in_every_mount_namespace_they_reach(
+    two_tenants: Path, root: Path
+) -> None:
+    """The chart's agent makes its binds in a mount namespace of its own, below directories the
+    host shares with it (kubelet's, Bidirectional): the host's copies of its binds, which kubelet
+    and runc use, must be read-only too, not only the agent's (a remount afterwards would be)."""
+    root.mkdir()
+    subprocess.run(["mount", "--bind", str(root), str(root)], check=True)
+    subprocess.run(["mount", "--make-rshared", str(root)], check=True)
+    try:
+        wrapper = ("unshare", "--mount", "--propagation", "unchanged")
+        with running_agent(two_tenants, root, wrapper=wrapper):
+            vault = _volume(root, UID_B, "secret", "vault")
+            config = _volume(root, UID_A, "configmap", "config")
+
+            def host_options() -> dict[str, list[str]]:  # this test's namespace is the host's
+                lines = [line.split() for line in mountinfo_below(root)]
+                return {f[4]: f[5].split(",") for f in lines if f[4] in (str(vault), str(config))}
+
+            def both() -> dict[str, list[str]] | None:
+                options = host_options()
+                return options if len(options) == 2 else None
+
+            seen = wait_for(both)
+            assert {path: "ro" in options for path, options in seen.items()} == {
+                str(vault): True,
+                str(config): True,
+            }
+            with pytest.raises(OSError, match="Read-only file system"):
+                os.open(vault / "password", os.O_RDWR)  # root on the host, through its copy
+    finally:
+        subprocess.run(["umount", "-l", str(root)], check=False)
