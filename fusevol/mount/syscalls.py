@@ -65,11 +65,12 @@ def umount2(target: str, flags: int) -> None:
         raise OSError(code, os.strerror(code), target)
 
 
-def _syscall(number: int, *args: object) -> int:
+def _syscall(path: str, number: int, *args: object) -> int:
+    """syscall(2) `number`; an OSError naming `path` if it fails."""
     result = int(_libc.syscall(ctypes.c_long(number), *args))
     if result < 0:
         code = ctypes.get_errno()
-        raise OSError(code, os.strerror(code))
+        raise OSError(code, os.strerror(code), path)
     return result
 
 
@@ -82,45 +83,22 @@ def _bind_read_only(source: str, target: str) -> bool:
     global _new_mount_api
     if not _new_mount_api:
         return False
-    path = os.fsencode(source)
+    flags = ctypes.c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
+    attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
     try:
-        tree = _syscall(
-            _SYS_OPEN_TREE, _AT_FDCWD, path, ctypes.c_uint(_OPEN_TREE_CLONE | _OPEN_TREE_CLOEXEC)
-        )
+        tree = _syscall(source, _SYS_OPEN_TREE, _AT_FDCWD, os.fsencode(source), flags)
+        try:
+            empty, size = ctypes.c_uint(_AT_EMPTY_PATH), ctypes.c_size_t(ctypes.sizeof(attr))
+            _syscall(source, _SYS_MOUNT_SETATTR, tree, b"", empty, ctypes.byref(attr), size)
+            into = ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH)
+            _syscall(target, _SYS_MOVE_MOUNT, tree, b"", _AT_FDCWD, os.fsencode(target), into)
+        finally:
+            os.close(tree)
     except OSError as exc:
         if exc.errno != errno.ENOSYS:
-            raise OSError(exc.errno, exc.strerror, source) from None
-        _new_mount_api = False
+            raise
+        _new_mount_api = False  # before Linux 5.12: bind, then remount
         return False
-    try:
-        attr = _MountAttr(attr_set=_MOUNT_ATTR_RDONLY)
-        try:
-            _syscall(
-                _SYS_MOUNT_SETATTR,
-                tree,
-                b"",
-                ctypes.c_uint(_AT_EMPTY_PATH),
-                ctypes.byref(attr),
-                ctypes.c_size_t(ctypes.sizeof(attr)),
-            )
-        except OSError as exc:
-            if exc.errno != errno.ENOSYS:
-                raise OSError(exc.errno, exc.strerror, source) from None
-            _new_mount_api = False
-            return False
-        try:
-            _syscall(
-                _SYS_MOVE_MOUNT,
-                tree,
-                b"",
-                _AT_FDCWD,
-                os.fsencode(target),
-                ctypes.c_uint(_MOVE_MOUNT_F_EMPTY_PATH),
-            )
-        except OSError as exc:
-            raise OSError(exc.errno, exc.strerror, target) from None
-    finally:
-        os.close(tree)
     return True
 
 
