@@ -32,10 +32,11 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-import os
 import secrets
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
+
+from fusevol.base.fsutil import replace_file
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -82,15 +83,8 @@ class ConnectionKey:
                     return cls(data[:_KEY_BYTES], keyed_names=data[-1:] == _KEYED_NAMES)
                 log.error("%s is not a key fusevol wrote: made anew, names kept readable", path)
         made = cls(secrets.token_bytes(_KEY_BYTES), keyed_names=fresh)
-        made._write(path)
+        replace_file(path, made.key + (_KEYED_NAMES if made.keyed_names else _READABLE_NAMES))
         return made
-
-    def _write(self, path: Path) -> None:
-        tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(self.key + (_KEYED_NAMES if self.keyed_names else _READABLE_NAMES))
-        os.replace(tmp, path)
 
     def generation(self, inode: int) -> int:
         """The node's generation: 0 for the nodes numbered in order, else a keyed hash of its id."""
