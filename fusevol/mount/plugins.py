@@ -22,7 +22,7 @@ import os
 import shutil
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -41,8 +41,33 @@ from fusevol.node import layout
 from fusevol.node.layout import Plugin
 
 if TYPE_CHECKING:
+    from fusevol.model import PersistentVolumeSource, Pod, Volume, VolumeSource
     from fusevol.mount.backend import MountBackend
-    from fusevol.volumemanager.cache.desired import VolumeToServe
+
+
+class MountVolume(Protocol):
+    """What a plugin reads of a volume to set it up: the reconciler's volume to serve."""
+
+    @property
+    def plugin(self) -> Plugin | None: ...
+    @property
+    def pod(self) -> Pod: ...
+    @property
+    def volume(self) -> Volume:
+        """The pod's `spec.volumes[]` entry."""
+
+    @property
+    def spec_name(self) -> str:
+        """The volume directory's name: the volume's name, or its PersistentVolume's."""
+
+    @property
+    def source(self) -> VolumeSource | PersistentVolumeSource | None:
+        """What to set up: the inline source, or the bound PersistentVolume's."""
+
+    @property
+    def read_only(self) -> bool: ...
+    @property
+    def mount_options(self) -> tuple[str, ...]: ...
 
 
 class MountPlugins:
@@ -51,14 +76,14 @@ class MountPlugins:
         self._backend = backend
         self._git_repo = gitrepo.GitRepo(timeout_s=git_timeout_s)
 
-    def path(self, volume: VolumeToServe) -> Path:
+    def path(self, volume: MountVolume) -> Path:
         """Where the volume is on the node: its pod volume directory, or the host path."""
         if isinstance(volume.source, HostPathVolumeSource):
             return Path(volume.source.path)
         assert volume.plugin is not None
         return layout.volume_dir(self._root, volume.pod.uid, volume.plugin, volume.spec_name)
 
-    async def set_up(self, volume: VolumeToServe) -> Path:
+    async def set_up(self, volume: MountVolume) -> Path:
         target = self.path(volume)
         match volume.source:
             case NFSVolumeSource() as nfs:
@@ -140,7 +165,7 @@ def _nfs_source(nfs: NFSVolumeSource) -> str:
     return f"{server}:{nfs.path}"
 
 
-def _nfs_options(volume: VolumeToServe) -> list[str]:
+def _nfs_options(volume: MountVolume) -> list[str]:
     """kubelet's `JoinMountOptions`: "ro" when read-only plus the volume's options, as a set."""
     return sorted({*(["ro"] if volume.read_only else []), *volume.mount_options})
 

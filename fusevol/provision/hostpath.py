@@ -60,8 +60,6 @@ from fusevol.node import layout
 if TYPE_CHECKING:
     from collections.abc import Set
 
-    from fusevol.volumemanager.cache.store import ObjectStore
-
 log = logging.getLogger(__name__)
 
 PROVISIONER = "fusevol.io/hostpath"
@@ -79,6 +77,15 @@ class ClaimToProvision:
 
     claim: PersistentVolumeClaim
     storage_class: StorageClass
+
+
+class Claims(Protocol):
+    """What the provisioner reads claims from: the agent's object store."""
+
+    def get(
+        self, key: ObjectKey, kind: type[PersistentVolumeClaim]
+    ) -> PersistentVolumeClaim | None:
+        """The claim at `key`, or None if there is none."""
 
 
 class VolumeRecorder(Protocol):
@@ -105,7 +112,7 @@ class VolumeRecorder(Protocol):
 
 class HostPathProvisioner:
     def __init__(
-        self, *, root: Path, node_name: str, store: ObjectStore, recorder: VolumeRecorder
+        self, *, root: Path, node_name: str, store: Claims, recorder: VolumeRecorder
     ) -> None:
         self._root = root
         self._node_name = node_name

@@ -26,7 +26,7 @@ import dataclasses
 import functools
 import json
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import trio
 
@@ -40,15 +40,25 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.model import ObjectKey
-    from fusevol.volumemanager.cache.store import ObjectStore
 
 log = logging.getLogger(__name__)
+
+
+class VolumeSink(Protocol):
+    """Where the recorded PVs are delivered, as a source delivers objects: the agent's object
+    store."""
+
+    def upsert(self, obj: PersistentVolume) -> object:
+        """Store `obj`, replacing the object with the same key."""
+
+    def delete(self, key: ObjectKey) -> object:
+        """Forget the object at `key`; a no-op if there is none."""
 
 
 class ManifestVolumeRecorder:
     """The `VolumeRecorder` of the manifest source."""
 
-    def __init__(self, *, path: Path, store: ObjectStore) -> None:
+    def __init__(self, *, path: Path, store: VolumeSink) -> None:
         self._path = path
         self._store = store
         self._volumes: dict[str, PersistentVolume] = {}
