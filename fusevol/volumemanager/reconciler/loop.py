@@ -19,69 +19,48 @@ moving between pods is released first, between the two steps of the provisioner 
 Steps (1) and (4) wait until every source has delivered its complete initial state
 (`has_added_pods`). Whatever one volume's input does, it fails that volume alone: an operation's
 error is the executor's (backoff, one error line), and so is an error met while the pass asks the
-volume for its inputs (`_inputs`): the volume's operation starts anyway and raises it.
+volume for its inputs: the volume's operation starts anyway and raises it (`operations`).
 Each step only *starts* operations in the executor (one per volume, with backoff) and returns, so a
 pass takes microseconds per volume however slow a mount is. What a pass asks of each volume is
 computed once per volume spec (`ServedVolumes`), and passes for ending operations are spaced by
 their own cost (`_follow_executor`), so setting up N volumes costs O(N), not O(N²). A pass that
 only follows edits of objects and ends of operations asks only the volumes built from those
-objects for their inputs (`_candidates`), and takes step (3) alone when those objects are what
-volumes serve and those operations left their volumes set up (`_content_only`): an edit costs the
-node's few volumes it concerns, not all of them; any other change, a retry and the resync are
-full passes. An edit that comes during a pass has its shared subtree refreshed at the pass's next
-step (`_start_refresh_first`).
+objects for their inputs, and takes step (3) alone when those objects are what volumes serve and
+those operations left their volumes set up (`scope`): an edit costs the node's few volumes it
+concerns, not all of them; any other change, a retry and the resync are full passes. An edit that
+comes during a pass has its shared subtree refreshed at the pass's next step
+(`_start_refresh_first`).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.base.errors import FusevolError, is_expected
-from fusevol.base.multimap import SetMultimap
-from fusevol.model import (
-    Kind,
-    ObjectKey,
-    PersistentVolumeClaimVolumeSource,
-    Pod,
-    UniqueVolumeName,
-)
+from fusevol.model import PersistentVolumeClaimVolumeSource, UniqueVolumeName
 from fusevol.node.layout import Plugin
 from fusevol.provision.hostpath import PROVISIONER
 from fusevol.volumemanager.cache.actual import MountState
+from fusevol.volumemanager.reconciler.operations import FailedInputs, OperationStarter
+from fusevol.volumemanager.reconciler.scope import PassScope
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Hashable, Iterable, Iterator
+    from collections.abc import Callable, Iterator
 
-    from fusevol.model import PodUID
+    from fusevol.model import ObjectKey
     from fusevol.provision.hostpath import HostPathProvisioner
-    from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
+    from fusevol.volumemanager.cache.actual import ActualState
     from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.populator import Populator
     from fusevol.volumemanager.reconciler.executor import Executor
+    from fusevol.volumemanager.reconciler.operations import VolumeOperations
 
 log = logging.getLogger(__name__)
-
-
-class VolumeOperations(Protocol):
-    """What the reconciler asks of the volumes (`fusevol.volumemanager.reconciler.volumes`)."""
-
-    def inputs(self, volume: VolumeToServe) -> Hashable: ...
-    def shared_subtree(self, volume: VolumeToServe) -> bytes | None: ...
-    def to_refresh_first(self, changed: Iterable[ObjectKey]) -> list[VolumeToServe]: ...
-    def objects(self, volume: VolumeToServe) -> tuple[ObjectKey, ...]: ...
-    def is_current(self, volume: VolumeToServe, inputs: Hashable) -> bool: ...
-    def refreshed(self, mounted: MountedVolume, inputs: Hashable) -> MountedVolume: ...
-    async def set_up(self, volume: VolumeToServe) -> MountedVolume: ...
-    async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume: ...
-    async def tear_down(self, mounted: MountedVolume) -> None: ...
-    async def remove_pod_dir(self, uid: PodUID) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,7 +88,6 @@ class Reconciler:
     ) -> None:
         """`on_volume_failed(volume, error)` after each failed set-up or refresh (the API
         source records kubelet's FailedMount event)."""
-        self._on_volume_failed = on_volume_failed
         self._provisioner = provisioner
         self._store = store
         self._populator = populator
@@ -127,23 +105,19 @@ class Reconciler:
         """How long the last pass took (`_follow_executor` spaces its passes by it)."""
         self._refreshing: set[bytes] = set()
         """The shared subtrees that refreshes work on, as step (3) of the pass knows them."""
-        self._full_wanted = True
-        """The next pass looks at every volume (`_candidates`)."""
-        self._last_full = -math.inf
-        self._retry_at = math.inf
-        """The earliest retry the executor scheduled, as the passes since the last full one saw
-        it: when it has come, the next pass is a full one."""
-        self._ended: set[UniqueVolumeName] = set()
-        """Volumes whose operation ended since the last pass began."""
-        self._referencing: SetMultimap[ObjectKey, UniqueVolumeName] = SetMultimap()
-        """Each object -> the volumes built from it, as of the last full pass (nearly always one:
-        held bare, not in a list of one)."""
-        self._references_of: dict[UniqueVolumeName, tuple[ObjectKey, ...]] = {}
-        """Each desired volume of the last full pass -> the objects it is built from."""
+        self._operations = OperationStarter(
+            actual=actual, executor=executor, volumes=volumes, on_volume_failed=on_volume_failed
+        )
+        self._scope = PassScope(
+            desired=desired,
+            actual=actual,
+            objects=volumes.objects,
+            resync_interval_s=resync_interval_s,
+        )
 
     def kick(self) -> None:
         """Ask for a pass over every volume as soon as possible."""
-        self._full_wanted = True
+        self._scope.want_full()
         self._wakeup.set()
 
     @property
@@ -164,20 +138,20 @@ class Reconciler:
                 self._wakeup = trio.Event()
                 changed = self._store.changed_since(generation)
                 changes, generation = self._store.generation - generation, self._store.generation
-                ended, self._ended = self._ended, set()
+                ended = self._operations.take_ended()
                 if changed:
                     await self._refresh_first(changed)
                 first = generation  # the changes up to here had their refresh first
                 started = trio.current_time()
-                content_only = self._content_only(changed, ended)
+                content_only = self._scope.content_only(changed, ended)
                 if not content_only:
                     self._populator.populate()
-                candidates = self._candidates(changed, changes, ended)
+                candidates = self._scope.candidates(changed, changes, ended)
                 if candidates is None:  # a full pass after all (a retry fell due, ...)
                     if content_only:
                         self._populator.populate()
                         content_only = False
-                    self._index_references()
+                    self._scope.index_references()
                 spent = trio.current_time() - started
                 steps = self._reconcile_steps(candidates, all_steps=not content_only)
                 for _ in steps:  # FUSE requests answered in between
@@ -192,16 +166,14 @@ class Reconciler:
                 self._passes += 1
                 self._reconciled = generation
                 self._on_pass()
-                # A full pass started every retry that was due; a partial one did not, and the
-                # executor names only retries still ahead: keep the one that fell due meanwhile.
-                retry_at = self._executor.next_retry_at()
-                full = candidates is None
-                self._retry_at = retry_at if full else min(self._retry_at, retry_at)
-                deadline = min(trio.current_time() + self._resync_interval_s, self._retry_at)
+                retry_at = self._scope.passed(
+                    full=candidates is None, next_retry_at=self._executor.next_retry_at()
+                )
+                deadline = min(trio.current_time() + self._resync_interval_s, retry_at)
                 with trio.move_on_at(deadline) as waiting:
                     await self._wakeup.wait()
                 if waiting.cancelled_caught:  # the resync, or a retry that is due
-                    self._full_wanted = True
+                    self._scope.want_full()
 
     def reconcile(self) -> None:
         for _ in self._reconcile_steps(None):
@@ -212,8 +184,8 @@ class Reconciler:
     ) -> Iterator[None]:
         """`reconcile()` in steps of `_STEP` volumes (the loop lets other tasks run between
         them: a pass over thousands of volumes takes milliseconds). Step (3) looks at the
-        `candidates` only, if there are (`_candidates`); without `all_steps`, only step (3) is
-        taken (`_content_only`)."""
+        `candidates` only, if there are (`PassScope.candidates`); without `all_steps`, only step
+        (3) is taken (`PassScope.content_only`)."""
         if all_steps:
             self.provision()  # (0)
             if self._populator.has_added_pods:
@@ -222,74 +194,6 @@ class Reconciler:
         yield from self._refresh_steps(candidates)  # (3)
         if all_steps and self._populator.has_added_pods:
             self.reclaim()  # (4)
-
-    def _content_only(self, changed: tuple[ObjectKey, ...], ended: set[UniqueVolumeName]) -> bool:
-        """Whether the pass follows nothing but edits of what volumes serve (ConfigMaps,
-        Secrets, tokens) and operations that ended with their volume set up and wanted. Then
-        the populator and steps (0), (1), (2) and (4) have nothing new to do: what they read
-        (pods, claims, PersistentVolumes, which volumes are wanted and which are set up) is as
-        the last pass that took them left it, and a retry that falls due makes a full pass
-        (`_candidates`). Each of them walks every volume or pod of the node: at 6000 volumes,
-        some 6 ms of the trio thread for each of the two passes that follow an edit."""
-        if any(key.kind not in _CONTENT_KINDS for key in changed):
-            return False
-        for name in ended:
-            mounted = self._actual.get(name)
-            if mounted is None or mounted.state is not MountState.MOUNTED:
-                return False
-            if name not in self._desired:
-                return False
-        return True
-
-    def _candidates(
-        self, changed: tuple[ObjectKey, ...], changes: int, ended: set[UniqueVolumeName]
-    ) -> list[VolumeToServe] | None:
-        """The volumes whose inputs may differ from their last operation's, if the pass can
-        know them; None: a full pass. Step (3) asks every volume for its inputs, which costs
-        about 10 us each: an edit on a node of 6000 volumes would cost 60 ms of the trio thread
-        for one or two volumes. A pass that only follows edits of objects (ConfigMaps,
-        Secrets, tokens) and ends of operations looks at the volumes built from those objects,
-        and at the volumes whose operation ended with the others built from the same objects
-        (the users of a shared subtree record its new inputs); anything else is a full pass: a
-        change of a pod, claim or volume or a deletion of an object, an object no volume was
-        built from at the last full pass, an ended operation of a volume that pass did not
-        know, `kick()` (a CSI publish), a retry that is due, and at least every
-        `resync_interval_s`."""
-        now = trio.current_time()
-        if (
-            self._full_wanted
-            or changes != len(changed)  # a deletion, a sync, or an object changed twice
-            or now - self._last_full >= self._resync_interval_s
-            or now >= self._retry_at  # due, edits or not
-        ):
-            return None
-        names = dict.fromkeys(ended)
-        for key in changed:
-            if key not in self._referencing:
-                return None
-            names.update(dict.fromkeys(self._referencing.get(key)))
-        for name in ended:
-            if (keys := self._references_of.get(name)) is None:
-                return None
-            for key in keys:
-                names.update(dict.fromkeys(self._referencing.get(key)))
-        if 4 * len(names) > len(self._references_of):
-            return None
-        return [volume for name in names if (volume := self._desired.get(name)) is not None]
-
-    def _index_references(self) -> None:
-        """At a full pass: what each desired volume is built from, for the passes that follow
-        (`_candidates`)."""
-        self._full_wanted, self._last_full = False, trio.current_time()
-        self._referencing, self._references_of = SetMultimap(), {}
-        for volume in self._desired.volumes_to_serve():
-            try:
-                keys = self._volumes.objects(volume)
-            except Exception:  # its operation says why (`_inputs`); followed by full passes
-                continue
-            self._references_of[volume.name] = keys
-            for key in keys:
-                self._referencing.add(key, volume.name)
 
     def provision(self) -> None:
         if self._provisioner is None:
@@ -300,7 +204,7 @@ class Reconciler:
             # namespaces have no dots, so the name is unique.
             name = UniqueVolumeName(f"{PROVISIONER}/{claim.namespace}.{claim.name}")
             run = functools.partial(self._provisioner.provision, request)
-            self._start(name, "provision", run, inputs=request)
+            self._operations.start(name, "provision", run, inputs=request)
 
     def reclaim(self) -> None:
         if self._provisioner is None:
@@ -315,13 +219,13 @@ class Reconciler:
         }
         for pv in self._provisioner.to_reclaim(in_use=in_use, claims_in_use=claims):
             run = functools.partial(self._provisioner.reclaim, pv)
-            self._start(UniqueVolumeName(f"{PROVISIONER}/{pv.name}"), "reclaim", run, inputs=pv)
+            name = UniqueVolumeName(f"{PROVISIONER}/{pv.name}")
+            self._operations.start(name, "reclaim", run, inputs=pv)
 
     def unmount_orphans(self) -> None:
         for mounted in self._actual.mounted_volumes():
             if mounted.name not in self._desired:
-                unmount = functools.partial(self._unmount, mounted)
-                self._start(mounted.name, "unmount", unmount, served=_served(mounted.plugin))
+                self._operations.start_unmount(mounted)
 
     def _serve_and_mount_steps(self) -> Iterator[None]:
         for i, volume in enumerate(self._desired.volumes_to_serve(), 1):
@@ -331,15 +235,7 @@ class Reconciler:
                 continue  # its inputs are not even computed: a pass during a storm of set-ups
             mounted = self._actual.get(volume.name)
             if mounted is None or mounted.state is MountState.UNCERTAIN:
-                inputs = self._inputs(volume)
-                self._start(
-                    volume.name,
-                    "mount",
-                    functools.partial(self._mount, volume, inputs),
-                    inputs=inputs,
-                    subject=_subject(volume.pod),
-                    served=_served(volume.plugin),
-                )
+                self._operations.start_mount(volume, self._operations.inputs(volume))
 
     async def _refresh_first(self, changed: tuple[ObjectKey, ...]) -> None:
         """Step (3) ahead of the pass for the shared subtrees built from `changed` objects, one
@@ -391,25 +287,17 @@ class Reconciler:
             or self._executor.is_pending(volume.name)
         ):
             return False
-        inputs = self._inputs(volume)
+        inputs = self._operations.inputs(volume)
         if inputs == mounted.inputs:
             return False
-        failed = isinstance(inputs, _Failed)
+        failed = isinstance(inputs, FailedInputs)
         if not failed and self._volumes.is_current(volume, inputs):
             self._actual.mark_mounted(self._volumes.refreshed(mounted, inputs))
             return False
         shared = None if failed else self._volumes.shared_subtree(volume)
         if shared is not None and shared in refreshing:
             return False
-        refresh = functools.partial(self._refresh, volume, mounted, inputs)
-        if not self._start(
-            volume.name,
-            "refresh",
-            refresh,
-            inputs=inputs,
-            subject=_subject(volume.pod),
-            served=_served(volume.plugin),
-        ):
+        if not self._operations.start_refresh(volume, mounted, inputs):
             return False
         if shared is not None:
             refreshing.add(shared)
@@ -419,87 +307,16 @@ class Reconciler:
         """Tear down every volume, for a clean stop. The executor must be stopped already."""
         for mounted in self._actual.mounted_volumes():
             try:
-                await self._unmount(mounted)
+                await self._operations.unmount(mounted)
             except Exception as exc:  # one volume's failure must not keep the others mounted
                 log.error("unmount failed volume=%s error=%s", mounted.name, exc)
-
-    # -- operations --------------------------------------------------------------------------------
-
-    def _inputs(self, volume: VolumeToServe) -> Hashable:
-        """The volume's inputs, or the `_Failed` error met computing them (module docstring)."""
-        try:
-            return self._volumes.inputs(volume)
-        except Exception as exc:
-            return _Failed(f"{type(exc).__name__}: {exc}", exc)
-
-    async def _mount(self, volume: VolumeToServe, inputs: Hashable = None) -> None:
-        try:
-            if isinstance(inputs, _Failed):
-                raise inputs.error
-            self._actual.mark_mounted(await self._volumes.set_up(volume))
-        except Exception as exc:
-            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
-            raise
-        log.info(
-            "volume set up volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
-        )
-
-    async def _refresh(
-        self, volume: VolumeToServe, mounted: MountedVolume, inputs: Hashable = None
-    ) -> None:
-        try:
-            if isinstance(inputs, _Failed):
-                raise inputs.error
-            self._actual.mark_mounted(await self._volumes.refresh(volume, mounted))
-        except Exception as exc:
-            self._on_volume_failed(volume, str(exc) or type(exc).__name__)
-            raise
-        log.info(
-            "volume updated volume=%s pod=%s/%s", volume.name, volume.pod.namespace, volume.pod.name
-        )
-
-    async def _unmount(self, mounted: MountedVolume) -> None:
-        await self._volumes.tear_down(mounted)
-        self._actual.mark_unmounted(mounted.name)
-        if not self._actual.pod_has_volumes(mounted.pod_uid):
-            await self._volumes.remove_pod_dir(mounted.pod_uid)
-        log.info("volume torn down volume=%s", mounted.name)
-
-    def _start(
-        self,
-        name: UniqueVolumeName,
-        operation: str,
-        run: Callable[[], Awaitable[None]],
-        *,
-        inputs: Hashable = None,
-        subject: str = "",
-        served: bool = False,
-    ) -> bool:
-        """Start the operation; False if the executor refused (pending, or in backoff)."""
-
-        async def run_and_note_its_end() -> None:
-            try:
-                await run()
-            finally:
-                self._ended.add(name)
-
-        try:
-            self._executor.start(
-                name, operation, run_and_note_its_end, inputs=inputs, subject=subject, served=served
-            )
-        except FusevolError as exc:
-            if not is_expected(exc):
-                raise
-            log.debug("%s not started volume=%s: %s", operation, name, exc)
-            return False
-        return True
 
     async def _follow_store(self) -> None:
         generation = self._store.generation
         while True:
             await self._store.wait_changed(generation)
             generation = self._store.generation
-            self._wakeup.set()  # a pass that may look only at what changed (`_candidates`)
+            self._wakeup.set()  # a pass that may look only at what changed (`scope`)
 
     async def _follow_executor(self, finished: int) -> None:
         """A pass after operations end: their volumes may need the next step. A pass costs time
@@ -513,32 +330,9 @@ class Reconciler:
             self._wakeup.set()
 
 
-@dataclass(frozen=True, slots=True)
-class _Failed:
-    """A volume's inputs that could not be computed: equal for the same error, so that its
-    retries wait out the backoff as any failed operation's do."""
-
-    message: str
-    error: Exception = field(compare=False)
-    """Raised by the volume's operation: a new one each pass (`_inputs`)."""
-
-
-_CONTENT_KINDS = frozenset({Kind.CONFIG_MAP, Kind.SECRET, Kind.SERVICE_ACCOUNT_TOKEN})
-"""What volumes serve, and the populator, the provisioner and the desired state never read."""
 _STEP = 50
 """Volumes a pass handles between two checkpoints."""
 _FIRST_WAIT_S = 0.05
 """How long the pass waits for the refreshes `_refresh_first` started (they go on after)."""
 _SPACING = 4.0
 """Passes for ending operations leave the trio thread to other work 4/5 of the time or more."""
-
-
-def _subject(pod: Pod) -> str:
-    """`pod=ns/name file=...`: whom a failed operation concerns, for its error line."""
-    origin = f" file={pod.origin}" if pod.origin else ""
-    return f"pod={pod.namespace}/{pod.name}{origin}"
-
-
-def _served(plugin: Plugin | None) -> bool:
-    """True for a volume served from memory, whose operations the executor may queue."""
-    return plugin is not None and plugin.served_from_memory
