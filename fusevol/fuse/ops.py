@@ -49,7 +49,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from fusevol.fuse.naming import ConnectionKey
-    from fusevol.fuse.tree import Node, Tree
+    from fusevol.fuse.nodes import Node
+    from fusevol.fuse.tree import Tree
 
 log = logging.getLogger(__name__)
 

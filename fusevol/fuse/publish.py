@@ -33,13 +33,15 @@ from typing import TYPE_CHECKING, Any, cast
 import trio
 
 from fusevol.base.helper_parent import HelperProcess
-from fusevol.fuse.tree import names, symlink_gid, walk
+from fusevol.fuse.building import names
+from fusevol.fuse.nodes import symlink_gid, walk
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from fusevol.fuse.tree import Node, Tree
+    from fusevol.fuse.nodes import Node
+    from fusevol.fuse.tree import Tree
     from fusevol.model import Payload
 
 log = logging.getLogger(__name__)

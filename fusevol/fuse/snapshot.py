@@ -38,8 +38,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusevol.base.errors import FusevolError
+from fusevol.fuse.nodes import Entries, Node, walk
 from fusevol.fuse.session import Connection, can_take_over
-from fusevol.fuse.tree import Entries, Node, Tree, walk
+from fusevol.fuse.tree import Tree
 
 if TYPE_CHECKING:
     from collections.abc import Iterator

@@ -16,8 +16,9 @@ import stat
 import pytest
 
 from fusevol.base.errors import InvalidPayload, VolumeSetupError
-from fusevol.fuse import snapshot, tree as tree_module
-from fusevol.fuse.tree import ROOT_INODE, Entries, Node, Tree, walk
+from fusevol.fuse import order, snapshot
+from fusevol.fuse.nodes import Entries, Node, walk
+from fusevol.fuse.tree import ROOT_INODE, Tree
 from fusevol.model import (
     ConfigMap,
     ConfigMapProjection,
@@ -323,13 +324,13 @@ def test_a_listing_of_a_large_directory_sorts_it_once_and_follows_its_changes(
 ) -> None:
     tree = wide_tree(1000)
     sorts: list[int] = []
-    order_of = tree_module._Order.of
+    order_of = order._Order.of
 
     def counted(cls: type, children: Entries) -> object:
         sorts.append(len(children))
         return order_of(children)
 
-    monkeypatch.setattr(tree_module._Order, "of", classmethod(counted))
+    monkeypatch.setattr(order._Order, "of", classmethod(counted))
 
     assert listing(tree, tree.root, 27) == [f"v{i}".encode() for i in range(1000)]
     assert len(sorts) == 1  # not once per request: 38 requests

@@ -18,12 +18,14 @@ import pytest
 
 from fusevol.fuse.naming import SEQUENTIAL_LIMIT, ConnectionKey, numbered
 from fusevol.fuse.ops import Operations
-from fusevol.fuse.tree import ROOT_INODE, Node, Tree
+from fusevol.fuse.tree import ROOT_INODE, Tree
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from pathlib import Path
+
+    from fusevol.fuse.nodes import Node
 
     Operation = Callable[["Mount", pyfuse3.RequestContext], Awaitable[object]]
 

@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import os
 import stat
+from typing import TYPE_CHECKING
 
 import pytest
 
 from fusevol.fuse import snapshot
 from fusevol.fuse.naming import number_after
-from fusevol.fuse.tree import ROOT_INODE, Node, Tree
+from fusevol.fuse.tree import ROOT_INODE, Tree
 from fusevol.model import FileProjection
+
+if TYPE_CHECKING:
+    from fusevol.fuse.nodes import Node
 
 PAYLOAD = {
     "a.conf": FileProjection(b"alpha", 0o644),

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from fusevol.fuse.tree import ROOT_INODE, Entries, Node, Tree
+from fusevol.fuse.nodes import Entries, Node
+from fusevol.fuse.tree import ROOT_INODE, Tree
 from fusevol.model import FileProjection
 
 if TYPE_CHECKING:
