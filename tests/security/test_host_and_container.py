@@ -28,7 +28,7 @@ from fusevol.node import layout
 from fusevol.volumemanager.cache.desired import DesiredState
 from fusevol.volumemanager.cache.store import ObjectStore
 from fusevol.volumemanager.populator import Populator
-from fusevol.volumemanager.reconciler.served import subtree_name
+from fusevol.volumemanager.reconciler.sharing import subtree_name
 from tests.agent import mountinfo_below, running_agent, wait_for, write_atomically
 
 if TYPE_CHECKING:

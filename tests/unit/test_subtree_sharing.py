@@ -25,7 +25,8 @@ from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
 from fusevol.volumemanager.cache.store import ObjectStore
 from fusevol.volumemanager.populator import Populator
 from fusevol.volumemanager.reconciler import served as served_module
-from fusevol.volumemanager.reconciler.served import SHARED, ServedVolumes, subtree_name
+from fusevol.volumemanager.reconciler.served import ServedVolumes
+from fusevol.volumemanager.reconciler.sharing import SHARED, subtree_name
 
 if TYPE_CHECKING:
     from fusevol.fuse.publish import Publisher, VolumeDir

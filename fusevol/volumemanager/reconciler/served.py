@@ -10,10 +10,10 @@ one, so that containers whose copy of it receives propagation (rslave) switch to
 covered one goes when the volume is torn down. Containers always get these volume types read-only
 (docs/kubelet.md fact 1), so the bind is too; only the agent writes, through its own mount.
 
-Volumes that would hold the same files share one subtree (`subtree_name`): configMap, secret and
-projected volumes of one namespace with the same spec, the same fsGroup and the same nested
-mountpoints, as long as nothing in them depends on the pod (downward API, service account tokens).
-An update then switches one `..data` for all of them, however many pods there are, and the
+Volumes that would hold the same files share one subtree (`sharing.subtree_name`): configMap,
+secret and projected volumes of one namespace with the same spec, the same fsGroup and the same
+nested mountpoints, as long as nothing in them depends on the pod (downward API, service account
+tokens). An update then switches one `..data` for all of them, however many pods there are, and the
 kernel's caches hold one copy; every other pod's bind sees the switch at the same instant, with
 the same inotify events. The subtree goes with its last user.
 
@@ -22,53 +22,41 @@ key, an invalid path) fails before anything on the node changes: a new volume le
 behind, and a served one keeps its last good content, as kubelet does. (A volume whose shared
 subtree was published from its very inputs has nothing to render: it only binds.) A path that
 kubelet could not write below this volume's own directory, the kernel refusing it as longer than
-PATH_MAX, fails the volume with kubelet's ENAMETOOLONG (`paths.check_written_under`), whether it
-renders or binds a shared subtree (whose longest path is kept for that).
+PATH_MAX, fails the volume with kubelet's ENAMETOOLONG (`payloads.check_lengths`), whether it
+renders or binds a shared subtree (whose longest path is kept for that). How a payload is
+rendered and checked is `payloads`'s; which volumes share a subtree, `sharing`'s.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
-import posixpath
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.base.errors import VolumeSetupError
 from fusevol.base.multimap import SetMultimap
 from fusevol.fuse.publish import VolumeDir
 from fusevol.model import (
-    ConfigMap,
-    ConfigMapProjection,
-    ConfigMapVolumeSource,
     DownwardAPIProjection,
     DownwardAPIVolumeSource,
-    Kind,
-    ObjectKey,
     ProjectedVolumeSource,
-    Secret,
-    SecretProjection,
-    SecretVolumeSource,
-    ServiceAccountToken,
-    ServiceAccountTokenProjection,
     referenced_objects,
-    token_key,
 )
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
-from fusevol.projection import configmap, downward, ownership, paths, projected, secret
-from fusevol.projection.paths import clean_path
+from fusevol.projection import ownership
+from fusevol.volumemanager.reconciler import payloads
+from fusevol.volumemanager.reconciler.sharing import SHARED, nested_mountpoints, subtree_name
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Hashable, Iterable
     from pathlib import Path
 
     from fusevol.fuse.publish import Publisher
-    from fusevol.model import DownwardAPIVolumeFile, KeyToPath, Payload, PodUID
+    from fusevol.model import ObjectKey, Payload, PodUID
     from fusevol.mount.backend import MountBackend
     from fusevol.projection.downward import NodeAllocatable
     from fusevol.volumemanager.cache.desired import VolumeToServe
@@ -107,8 +95,6 @@ class _Facts:
 _LONG_PATH = 1024
 """Bytes of a path far enough from PATH_MAX below any volume directory not to be kept."""
 
-SHARED = b"shared-"
-"""The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
 _NOTHING = object()
 
 
@@ -324,13 +310,8 @@ class ServedVolumes:
                 await self._publisher.remove_volume(name)
 
     def _check_lengths(self, volume: VolumeToServe, payload: Iterable[str]) -> None:
-        """kubelet's ENAMETOOLONG for a path of `payload` below this volume's own directory
-        (`paths.check_written_under`), the error naming the item's field."""
-        paths.check_written_under(
-            str(self.path(volume)),
-            payload,
-            field_of=lambda path: _item_field(volume.source, path),
-        )
+        """kubelet's ENAMETOOLONG for a path of `payload` below this volume's own directory."""
+        payloads.check_lengths(volume, self.path(volume), payload)
 
     @contextlib.asynccontextmanager
     async def _holding(self, name: bytes) -> AsyncIterator[None]:
@@ -375,39 +356,7 @@ class ServedVolumes:
 
     def render(self, volume: VolumeToServe) -> Payload:
         """The volume's payload, or VolumeSetupError / InvalidPayload naming what is wrong."""
-        match volume.source:
-            case ConfigMapVolumeSource() as source:
-                key = ObjectKey(Kind.CONFIG_MAP, volume.pod.namespace, source.name)
-                return configmap.make_payload(source, self._store.get(key, ConfigMap))
-            case SecretVolumeSource() as source:
-                key = ObjectKey(Kind.SECRET, volume.pod.namespace, source.secret_name)
-                return secret.make_payload(source, self._store.get(key, Secret))
-            case DownwardAPIVolumeSource(items=items, default_mode=default_mode):
-                return downward.make_payload(
-                    items, volume.pod, default_mode=default_mode, allocatable=self._allocatable
-                )
-            case ProjectedVolumeSource() as source:
-                namespace = volume.pod.namespace
-                return projected.make_payload(
-                    source,
-                    volume.pod,
-                    get_configmap=lambda name: self._store.get(
-                        ObjectKey(Kind.CONFIG_MAP, namespace, name), ConfigMap
-                    ),
-                    get_secret=lambda name: self._store.get(
-                        ObjectKey(Kind.SECRET, namespace, name), Secret
-                    ),
-                    allocatable=self._allocatable,
-                    get_token=lambda projection: self._token(volume, projection),
-                )
-            case _:
-                raise VolumeSetupError(f"volume {volume.volume.name!r}: not served from memory")
-
-    def _token(
-        self, volume: VolumeToServe, projection: ServiceAccountTokenProjection
-    ) -> bytes | None:
-        token = self._store.get(token_key(volume.pod, projection), ServiceAccountToken)
-        return None if token is None else token.token
+        return payloads.render(volume, store=self._store, allocatable=self._allocatable)
 
     def object_versions(self, volume: VolumeToServe) -> dict[str, str | None]:
         """`"configmap ns/name"` -> its resourceVersion (None: missing), for `fusevol status`."""
@@ -418,92 +367,8 @@ class ServedVolumes:
         return versions
 
 
-def subtree_name(volume: VolumeToServe) -> bytes:
-    """The readable name of the volume's subtree on the FUSE mount: shared by every volume that
-    would hold the same files (module docstring), else the pod volume's own (`layout.fuse_name`).
-    `ServedVolumes` names the subtree by its keyed hash (`subtree_names`)."""
-    if _depends_on_pod(volume):
-        return layout.fuse_name(volume.pod.uid, volume.spec_name)
-    spec = (
-        volume.plugin,
-        volume.pod.namespace,
-        volume.source,
-        volume.pod.fs_group,
-        nested_mountpoints(volume),
-    )
-    return SHARED + hashlib.sha256(repr(spec).encode()).hexdigest()[:32].encode()
-
-
-def nested_mountpoints(volume: VolumeToServe) -> tuple[str, ...]:
-    """kubelet's `MakeNestedMountpoints`: for every other volume a container mounts *below* this
-    volume's mount path, the first path element below it, so that runc finds a mountpoint
-    directory inside this (read-only) volume."""
-    names: set[str] = set()
-    for container in (*volume.pod.containers, *volume.pod.init_containers):
-        own = [m.mount_path for m in container.volume_mounts if m.name == volume.volume.name]
-        for mount in container.volume_mounts:
-            if mount.name == volume.volume.name:
-                continue
-            for base in own:
-                relative = posixpath.relpath(posixpath.normpath(mount.mount_path), base)
-                if relative != "." and not relative.startswith(".."):
-                    names.add(relative.split("/", 1)[0])
-    return tuple(sorted(names))
-
-
-def _item_field(source: object, path: str) -> str:
-    """The field of `source` that gives the payload `path`, e.g.
-    `sources[1].configMap.items[0].path`; "" if none (a key without items)."""
-
-    def first(items: Iterable[KeyToPath | DownwardAPIVolumeFile], at: str) -> str:
-        for index, item in enumerate(items):
-            if clean_path(item.path) == path:
-                return f"{at}[{index}].path"
-        return ""
-
-    match source:
-        case (
-            ConfigMapVolumeSource(items=items)
-            | SecretVolumeSource(items=items)
-            | DownwardAPIVolumeSource(items=items)
-        ):
-            return first(items, "items")
-        case ProjectedVolumeSource(sources=sources):
-            for index, projection in enumerate(sources):
-                at = f"sources[{index}]"
-                match projection:
-                    case ServiceAccountTokenProjection(path=token_path):
-                        token = clean_path(token_path) == path
-                        found = f"{at}.serviceAccountToken.path" if token else ""
-                    case ConfigMapProjection(items=items):
-                        found = first(items, f"{at}.configMap.items")
-                    case SecretProjection(items=items):
-                        found = first(items, f"{at}.secret.items")
-                    case DownwardAPIProjection(items=items):
-                        found = first(items, f"{at}.downwardAPI.items")
-                    case _:
-                        found = ""
-                if found:
-                    return found
-    return ""
-
-
 def _referenced_objects(volume: VolumeToServe) -> tuple[ObjectKey, ...]:
     return referenced_objects(volume.pod, volume.source)
-
-
-def _depends_on_pod(volume: VolumeToServe) -> bool:
-    """True if the files depend on the pod itself: downward API fields, or its own tokens."""
-    match volume.source:
-        case ConfigMapVolumeSource() | SecretVolumeSource():
-            return False
-        case ProjectedVolumeSource(sources=sources):
-            return any(
-                isinstance(p, DownwardAPIProjection | ServiceAccountTokenProjection)
-                for p in sources
-            )
-        case _:
-            return True
 
 
 def _uses_downward_api(volume: VolumeToServe) -> bool:
