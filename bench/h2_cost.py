@@ -1,5 +1,6 @@
 """The agent's HTTP/2 state machine per request: its time for one list request and its answer,
-as `fusevol.kube.http2.new_state()` sets h2 up, beside h2's defaults (the baseline), in one run.
+as `fusevol.kube.http2.state.new_state()` sets h2 up, beside h2's defaults (the baseline), in
+one run.
 
 No network: a client and a server state machine hand each other their bytes, and only the
 client's calls are timed (send the request's headers, take in the answer's headers and body,
@@ -30,7 +31,7 @@ import h2.events
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fusevol.kube import http2
+from fusevol.kube.http2.state import new_state, outbound
 from tests.helpers.h2server import paired_with
 
 if TYPE_CHECKING:
@@ -130,9 +131,7 @@ def main() -> None:
         for _ in range(args.rounds):  # alternated: both see the machine's same moments
             baseline.append(per_request_us(h2_defaults(), list, args.requests, token, args.watches))
             fusevol.append(
-                per_request_us(
-                    http2.new_state(), http2.outbound, args.requests, token, args.watches
-                )
+                per_request_us(new_state(), outbound, args.requests, token, args.watches)
             )
         b, f = statistics.median(baseline), statistics.median(fusevol)
         print(f"  with {what}:")

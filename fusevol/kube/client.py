@@ -47,7 +47,8 @@ import trio
 
 import fusevol
 from fusevol.base.errors import FusevolError
-from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
+from fusevol.kube.http2.errors import ConnectionLost, Unreachable
+from fusevol.kube.http2.pool import Pool
 from fusevol.kube.listing import Items, lazy_list, read_list
 from fusevol.model import Kind
 
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from fusevol.kube.http2 import Header, Response
+    from fusevol.kube.http2.response import Response
+    from fusevol.kube.http2.state import Header
 
 log = logging.getLogger(__name__)
 

@@ -25,8 +25,9 @@ import pytest
 import trio
 from h2.stream import StreamClosedBy
 
-from fusevol.kube import http2
-from fusevol.kube.http2 import ConnectionLost, Pool, Unreachable
+from fusevol.kube.http2.errors import ConnectionLost, Unreachable
+from fusevol.kube.http2.pool import REACH_BACKOFF_S, Pool
+from fusevol.kube.http2.state import CLOSED_STREAMS_KEPT, new_state, outbound
 from tests.helpers.h2server import DEFAULT_MAX_STREAMS, H2Server, certificates, paired_with
 
 if TYPE_CHECKING:
@@ -177,7 +178,7 @@ async def test_the_callers_of_a_failed_dial_wait_together_for_the_servers_return
             back = trio.current_time()
             await trio.to_thread.run_sync(server.start)
         assert len(reached) == 100
-        assert max(reached) - back <= http2.REACH_BACKOFF_S[1] + 1.0
+        assert max(reached) - back <= REACH_BACKOFF_S[1] + 1.0
         assert 3 <= dials_while_away <= 6  # 0.25 s doubling to 2 s, jittered: not a dial a waiter
         assert pool.connections == 1
         ok = await pool.request(headers("/"))  # on the connection the dialer made
@@ -214,8 +215,8 @@ async def _answer_headers(tcp: trio.SocketStream) -> h2.connection.H2Connection:
 async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
-    monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("fusevol.kube.http2.connection.READ_IDLE_S", 0.2)
+    monkeypatch.setattr("fusevol.kube.http2.connection.PING_TIMEOUT_S", 0.3)
 
     async def silent_after_headers(tcp: trio.SocketStream) -> None:
         """h2c: SETTINGS, the response's headers, then never another byte (reads go on)."""
@@ -241,8 +242,8 @@ async def test_a_silent_peer_is_found_by_ping_and_its_streams_fail(
 async def test_a_quiet_connection_whose_peer_answers_its_pings_stays_open(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(http2, "READ_IDLE_S", 0.2)
-    monkeypatch.setattr(http2, "PING_TIMEOUT_S", 0.3)
+    monkeypatch.setattr("fusevol.kube.http2.connection.READ_IDLE_S", 0.2)
+    monkeypatch.setattr("fusevol.kube.http2.connection.PING_TIMEOUT_S", 0.3)
     pings = 0
 
     async def answers_pings_then_data(tcp: trio.SocketStream) -> None:
@@ -277,8 +278,8 @@ async def test_a_connection_without_streams_is_closed_once_idle(
 ) -> None:
     """Its PINGs answered, a connection without a stream lasts IDLE_CONNECTION_S, then goes;
     the next request makes a new one."""
-    monkeypatch.setattr(http2, "READ_IDLE_S", 0.1)
-    monkeypatch.setattr(http2, "IDLE_CONNECTION_S", 0.5)
+    monkeypatch.setattr("fusevol.kube.http2.connection.READ_IDLE_S", 0.1)
+    monkeypatch.setattr("fusevol.kube.http2.connection.IDLE_CONNECTION_S", 0.5)
     pool = pool_for(server.port)
     try:
         ok = await pool.request(headers("/"))
@@ -326,14 +327,14 @@ def test_headers_that_repeat_are_sent_once_per_connection() -> None:
     """A service account's token (a kilobyte) goes whole in the first request only, then as an
     index into HPACK's table, which the paths of the requests after it do not push it out of;
     what the server decodes is what was sent."""
-    client = http2.new_state()
+    client = new_state()
     server = paired_with(client)
     token = b"Bearer " + b"t0k3n." * 170
     sizes = []
     for n in range(90):  # the paths of 25 would fill the table
         sent = [*headers(f"/api/v1/namespaces/ns/configmaps?fieldSelector=metadata.name%3Dcm-{n}")]
         sent.append((b"authorization", token))
-        client.send_headers(client.get_next_available_stream_id(), http2.outbound(sent))
+        client.send_headers(client.get_next_available_stream_id(), outbound(sent))
         frames = client.data_to_send()
         sizes.append(len(frames))
         (event,) = (
@@ -366,14 +367,14 @@ def test_what_a_connection_keeps_of_its_closed_streams_does_not_grow_with_them()
     """Each watch is a new stream every 5-10 minutes: what a long-lived connection keeps of the
     streams it closed (h2's `_closed_streams`) must stay the same size however many it closes
     (h2 alone keeps 65536)."""
-    client = http2.new_state()
+    client = new_state()
     server = paired_with(client)
     kept = []
     for _ in range(3):
         for _ in range(1000):
             _exchange(client, server)
         kept.append(len(client._closed_streams))
-    assert kept[0] == kept[1] == kept[2] <= http2.CLOSED_STREAMS_KEPT
+    assert kept[0] == kept[1] == kept[2] <= CLOSED_STREAMS_KEPT
 
 
 def test_a_connection_of_watches_counts_its_streams_only_as_they_double() -> None:
@@ -381,7 +382,7 @@ def test_a_connection_of_watches_counts_its_streams_only_as_they_double() -> Non
     limit, and to forget the closed ones): with 249 watches open, 250 steps for each request. The
     pool keeps to the limit itself, so the walk is made once the streams h2 holds have doubled,
     and the closed ones are forgotten then: no more of them are held than open ones."""
-    client = http2.new_state()
+    client = new_state()
     server = paired_with(client)  # kube-apiserver's stream limit
     for n in range(DEFAULT_MAX_STREAMS - 1):
         client.send_headers(client.get_next_available_stream_id(), headers(f"/watch/{n}"))
@@ -409,7 +410,7 @@ def test_answers_that_crossed_the_reset_of_a_connections_every_stream_do_not_end
     closed after them, and only then the response headers the server had sent before it saw the
     resets: ignored, not a protocol error that would end every other watch on the connection
     (h2 needs the record of a reset for that)."""
-    client = http2.new_state()
+    client = new_state()
     server = paired_with(client)  # kube-apiserver's stream limit
     held = []
     for n in range(DEFAULT_MAX_STREAMS):

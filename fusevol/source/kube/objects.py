@@ -25,7 +25,7 @@ identity, claims and PersistentVolumes are fetched (the Node authorizer lets a n
 never list or watch), ConfigMaps and Secrets watched; read as a pod, a CSI volume's objects are
 watched with that pod's token (`client_for`).
 
-Excludes: which objects are referenced (`source`), and the list/watch mechanics (`reflector`).
+Excludes: which objects are referenced (`references`), and the list/watch mechanics (`reflector`).
 """
 
 from __future__ import annotations
@@ -41,9 +41,10 @@ import cachetools
 import trio
 
 from fusevol.base.errors import FusevolError
-from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert
-from fusevol.kube.reflector import Query, Reflector, ReflectorStatistics
+from fusevol.kube.errors import ApiError
+from fusevol.kube.query import Query
+from fusevol.kube.reflector import Reflector, ReflectorStatistics
 from fusevol.kube.relists import Relists
 from fusevol.model import ConfigMap, PersistentVolumeClaim, Secret
 

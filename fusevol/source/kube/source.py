@@ -4,12 +4,13 @@ Owns the API -> store direction when fusevol runs against a cluster:
 
 1. The pods: one list+watch across namespaces with fieldSelector `spec.nodeName=<node>` (a
    `Reflector`: relist on 410, bookmarks, reconnect with backoff).
-2. For every pod added or changed, before it reaches the store: what it references (ConfigMaps and
-   Secrets of configMap, secret and projected volumes; claims, then the PersistentVolumes they are
-   bound to) is tracked by the change-detection strategy (`objects`), and the first copy awaited
-   (at most `REFERENCE_TIMEOUT_S`), and its serviceAccountToken projections get their tokens
-   (`tokens`). So a new pod's volumes are set up once, with their content, instead of failing first
-   on objects not read yet (kubelet's managers wait for the first sync the same way).
+2. For every pod added or changed, before it reaches the store: what it references (`references`:
+   ConfigMaps and Secrets of configMap, secret and projected volumes; claims, then the
+   PersistentVolumes they are bound to) is tracked by the change-detection strategy (`objects`),
+   and the first copy awaited (at most `REFERENCE_TIMEOUT_S`), and its serviceAccountToken
+   projections get their tokens (`tokens`). So a new pod's volumes are set up once, with their
+   content, instead of failing first on objects not read yet (kubelet's managers wait for the
+   first sync the same way).
 3. Deliver: the pod to the store; references and tokens no pod needs any more are dropped.
 4. After the first complete pod list (steps 2-3 for all of them): `store.mark_synced()` and ready.
 5. Cache and Get: refetch at every sync period.
@@ -22,26 +23,11 @@ unbound claim of a pod brings its StorageClass along (tracked by the same strate
 whether this node provisions it. So do the unbound claims the scheduler selected this node for
 (`selected`): their pods get a node only once the claim is bound.
 
-Who the agent is decides what it asks for (`whoami`, at the start). A node's identity (kubelet's
-credentials: user `system:node:<name>`, group `system:nodes`) works within kube's Node authorizer:
-this node's pods, the ConfigMaps and Secrets they reference (watched by name, as here), their
-claims and PersistentVolumes by GET only (fetched, then again every sync period), tokens bound to
-its pods. What the Node authorizer never allows a node is switched off, with one line at the
-start: the hostpath provisioner's PV writes and its list+watch of PVs, the list+watch of every
-claim (`selected`), StorageClasses. A CSI volume's objects are no pod's reference in the Node
-authorizer's graph: read as the node they are refused, and the publish says so.
-
-With `pod_volumes` False (CSI: kubelet serves the pods' own volumes) only what CSI volumes
-reference is tracked, and no token is requested for the pods' own projections. With `read_as_pod`
-(CSI, `--csi-read-as pod`) a CSI volume's ConfigMaps and Secrets are read with its pod's own
-token, the one kubelet passes for the API server's audience (""): `track` GETs each as the pod
-at every publish and republish (a refusal is the publish's PERMISSION_DENIED, naming the object
-and the service account, as the API server's message does), and a watch per object, one however
-many pods use it, runs with the freshest token of a pod allowed to read it. A watch outlives its
-token (the API server authenticates a request when it starts), and is reopened every 5-10 min
-(the reflector's timeout) with the token of the latest republish; if none is valid then, or the
-pod lost its permission (a refused republish changes nothing already tracked), the watch is
-refused and retried with backoff, and the volume keeps its last content.
+Who the agent is decides what it asks for (`identity`, at the start): as a node, what kube's Node
+authorizer never allows a node is switched off, with one line, and claims and PersistentVolumes
+are read by GET only. With `pod_volumes` False (CSI: kubelet serves the pods' own volumes) only
+what CSI volumes reference is tracked (`track`, `csi_volumes`, which also reads them as their pod
+with `read_as_pod`), and no token is requested for the pods' own projections.
 
 Pods are converted by the manifest source's converter (`fusevol.decode.objects.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
@@ -49,12 +35,12 @@ convert keeps its previous version (one ERROR line). Failed volumes are reported
 `events`, which the reconciler reaches through the callback `app.py` gives it.
 
 Excludes: the client adapter (`client`), list/watch mechanics (`reflector`), strategies
-(`objects`), tokens and events.
+(`objects`), who the agent is (`identity`), what a volume references (`references`), what CSI
+volumes reference and reading as their pod (`csi_volumes`), tokens and events.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import math
@@ -64,27 +50,15 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.settings import ChangeDetection
-from fusevol.kube.client import ApiError, ApiUnavailable
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
-from fusevol.kube.reflector import Backoff, Callbacks, Query, Reflector
-from fusevol.model import (
-    Kind,
-    ObjectKey,
-    PersistentVolumeClaim,
-    PersistentVolumeClaimVolumeSource,
-    Pod,
-    Volume,
-    VolumeSource,
-    referenced_objects,
-)
-from fusevol.source.kube.objects import (
-    FetchedObjects,
-    ObjectTracker,
-    RoutedObjects,
-    TrackerStatistics,
-    WatchedObjects,
-)
+from fusevol.kube.query import Callbacks, Query
+from fusevol.kube.reflector import Reflector
+from fusevol.model import Kind, ObjectKey, Pod
+from fusevol.source.kube.csi_volumes import CsiVolumes
+from fusevol.source.kube.identity import identify, object_trackers
+from fusevol.source.kube.objects import TrackerStatistics
+from fusevol.source.kube.references import claim_references, pod_references, volume_references
 from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
@@ -92,9 +66,12 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
 
     from fusevol.base.settings import KubeSettings
-    from fusevol.kube.client import ClientStatistics, Identity, KubeClient, Obj
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.kube.listing import Items
     from fusevol.kube.provisioned import KubeVolumeRecorder
+    from fusevol.kube.transport import ClientStatistics
+    from fusevol.model import Volume, VolumeSource
+    from fusevol.source.kube.objects import ObjectTracker
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
 
@@ -104,11 +81,6 @@ REFERENCE_TIMEOUT_S = 5.0
 """How long a new pod waits for the first copy of its objects before it is delivered anyway (its
 volumes then fail and are retried, like under an API server that does not answer); watched
 objects, which start a few at a time, count it from the last watch that started."""
-POD_AUDIENCE = ""
-"""The audience of the pod token a CSI volume is read with (`read_as_pod`): the API server's own
-(a CSIDriver `tokenRequests` entry `{audience: ""}`)."""
-_NODE_FETCHED = (Kind.PERSISTENT_VOLUME_CLAIM, Kind.PERSISTENT_VOLUME)
-"""What the Node authorizer lets a node get, but not list or watch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +111,9 @@ class KubeSource:
         """`pod_volumes`: the pods' own volumes are served here (False: CSI only).
         `read_as_pod`: CSI volumes' objects are read with their pods' tokens."""
         self._pod_volumes = pod_volumes
-        self._read_as_pod = read_as_pod
         self.node_identity: str | None = None
         """The node this client authenticates as (`system:node:<name>`), else None."""
-        self._as_pod: dict[str, frozenset[ObjectKey]] = {}
-        """CSI volume -> the objects read with its pod's token."""
-        self._pod_tokens: dict[ObjectKey, str] = {}
-        """An object read as a pod -> the token of the latest pod allowed to read it."""
+        self._csi = CsiVolumes(client=client, read_as_pod=read_as_pod)
         self._client = client
         self._recorder = recorder
         self._selected = (
@@ -160,10 +128,6 @@ class KubeSource:
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
-        self._extra: dict[str, set[ObjectKey]] = {}
-        """What CSI volumes reference (`track`), by volume."""
-        self._token_pods: dict[str, Pod] = {}
-        """A pod with just its CSI volume, for each CSI volume whose tokens are requested here."""
         self._objects: ObjectTracker | None = None
         self._pod_reflector: Reflector | None = None
 
@@ -211,97 +175,26 @@ class KubeSource:
 
     async def _identify(self) -> None:
         """Who the API server says the agent is; as a node, what the Node authorizer denies is
-        switched off (one line)."""
-        identity = await self._whoami()
-        node = identity.node if identity is not None else None
-        if node is None:
-            return
-        self.node_identity = node
-        self._recorder = self._selected = None
-        log.info(
-            "node identity user=system:node:%s: the Node authorizer lets a node get claims and "
-            "PersistentVolumes (not list or watch them), and neither read StorageClasses nor "
-            "write PersistentVolumes: claims and volumes are read by GET every %gs, hostpath "
-            "provisioning and the watch of the cluster's claims are off",
-            node,
-            self._settings.sync_period_s,
+        switched off (`identity` says so in one line)."""
+        self.node_identity = await identify(
+            self._client, node_name=self._node_name, sync_period_s=self._settings.sync_period_s
         )
-        if node != self._node_name:
-            log.error(
-                "node identity system:node:%s is not node %s: the API server will refuse the "
-                "objects of its pods",
-                node,
-                self._node_name,
-            )
-
-    async def _whoami(self) -> Identity | None:
-        backoff = Backoff()
-        while True:
-            try:
-                return await self._client.whoami()
-            except ApiError as exc:  # no SelfSubjectReview: a ServiceAccount's rules apply
-                log.debug("who am I: not answered, taking no node identity: %s", exc)
-                return None
-            except ApiUnavailable as exc:
-                delay = backoff.next_delay()
-                log.warning("who am I: no answer retry_in=%.1fs error=%s", delay, exc)
-                await trio.sleep(delay)
+        if self.node_identity is not None:
+            self._recorder = self._selected = None
 
     def _trackers(self, nursery: trio.Nursery) -> ObjectTracker:
-        """The change-detection strategy's tracker; as a node, claims and volumes fetched; read
-        as a pod, a watch with its token (module docstring)."""
-        strategy = self._settings.change_detection
-        if strategy is ChangeDetection.WATCH:
-            own: ObjectTracker = WatchedObjects(
-                client=self._client,
-                store=self._store,
-                nursery=nursery,
-                origin=self._origin,
-                on_claim=self._claim_changed,
-            )
-        else:
-            ttl = self._settings.cache_ttl_s if strategy is ChangeDetection.CACHE else None
-            own = FetchedObjects(
-                client=self._client,
-                store=self._store,
-                ttl_s=ttl,
-                origin=self._origin,
-                on_claim=self._claim_changed,
-            )
-        trackers = [own]
-        if self.node_identity is not None and strategy is ChangeDetection.WATCH:
-            trackers.append(
-                FetchedObjects(
-                    client=self._client,
-                    store=self._store,
-                    ttl_s=None,
-                    origin=self._origin,
-                    on_claim=self._claim_changed,
-                )
-            )
-        fetched = len(trackers) - 1
-        trackers.append(
-            WatchedObjects(
-                client=self._client,
-                store=self._store,
-                nursery=nursery,
-                origin=self._origin,
-                on_claim=self._claim_changed,
-                client_for=self._pod_client,
-            )
+        """The trackers, routed by who reads each object (`identity`)."""
+        return object_trackers(
+            settings=self._settings,
+            client=self._client,
+            store=self._store,
+            nursery=nursery,
+            origin=self._origin,
+            as_node=self.node_identity is not None,
+            on_claim=self._claim_changed,
+            read_as_pod=self._csi.reads_as_pod,
+            client_for=self._csi.client_for,
         )
-        as_pod = len(trackers) - 1
-
-        def route(key: ObjectKey) -> int:
-            if key in self._pod_tokens:
-                return as_pod
-            return fetched if key.kind in _NODE_FETCHED else 0
-
-        return RoutedObjects(trackers=tuple(trackers), route=route)
-
-    def _pod_client(self, key: ObjectKey) -> KubeClient:
-        """The client that reads `key` as a pod: the freshest token of a pod allowed to."""
-        return self._client.with_authorization(lambda: f"Bearer {self._pod_tokens.get(key, '')}")
 
     def volume_failed(self, volume: VolumeToServe, error: str) -> None:
         """kubelet's FailedMount event on the volume's pod (rate-limited, never blocks). Not for
@@ -394,72 +287,26 @@ class KubeSource:
         Returns why the volume may not be served ("" if it may): the API server refused an
         object, to the pod or to the agent. `ApiUnavailable` if the pod's read had no answer."""
         keys = set() if volume is None else self._volume_references(pod, volume.source)
-        if self._read_as_pod and volume is not None and keys:
-            token = (pod_tokens or {}).get(POD_AUDIENCE)
-            if refusal := await self._read_as(pod, keys, token):
-                return refusal  # what it tracked (a republish refused), it keeps tracking
-            self._as_pod[owner] = frozenset(keys)
-        refusal = ""
-        if not keys:
-            self._as_pod.pop(owner, None)
-        self._pod_tokens = {
-            key: token for key, token in self._pod_tokens.items() if self._read_by_pod(key)
-        }
-        if keys:
-            self._extra[owner] = keys
-        else:
-            self._extra.pop(owner, None)
-        if tokens and volume is not None:
-            self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
-        else:
-            self._token_pods.pop(owner, None)
+        refusal = await self._csi.track(
+            owner, pod, volume, keys, tokens=tokens, pod_tokens=pod_tokens
+        )
+        if refusal:
+            return refusal  # what it tracked (a republish refused), it keeps tracking
         self.tokens.retain(self._token_users())
         if self._objects is not None:
             self._objects.set_wanted(self._wanted())
             if keys:
                 await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
                 refusal = next(filter(None, map(self._objects.refusal, sorted(keys, key=str))), "")
-        if owner in self._token_pods:
-            await self.tokens.ensure([self._token_pods[owner]])
+        if (token_pod := self._csi.token_pod(owner)) is not None:
+            await self.tokens.ensure([token_pod])
         return refusal
-
-    async def _read_as(self, pod: Pod, keys: set[ObjectKey], token: bytes | None) -> str:
-        """GET each of `keys` as `pod` (its `token`): "" if it may read them all (the token then
-        reads them from now on), else why not."""
-        account = f"system:serviceaccount:{pod.namespace}:{pod.service_account_name}"
-        if token is None:
-            return (
-                f"read as the pod ({account}): kubelet passed no token for the API server's "
-                f"audience in csi.storage.k8s.io/serviceAccount.tokens: the CSIDriver's "
-                f'tokenRequests must list {{audience: ""}}'
-            )
-        reader = self._client.with_token(token.decode())
-        for key in sorted(keys, key=str):
-            try:
-                await reader.get(key.kind, namespace=key.namespace, name=key.name)
-            except ApiError as exc:
-                if exc.code in (401, 403):
-                    log.info(
-                        "read as pod refused object=%s pod=%s/%s error=%s",
-                        key,
-                        pod.namespace,
-                        pod.name,
-                        exc,
-                    )
-                    return f"read as the pod ({account}): {exc}"
-                raise ApiUnavailable(f"read {key} as the pod ({account}): {exc}") from None
-        for key in keys:
-            self._pod_tokens[key] = token.decode()
-        return ""
-
-    def _read_by_pod(self, key: ObjectKey) -> bool:
-        return any(key in keys for keys in self._as_pod.values())
 
     def _token_users(self) -> list[Pod]:
         """The pods whose projections get tokens here: this node's pods with their own volumes
         (not under CSI), and the CSI volumes' whose tokens kubelet did not pass."""
         pods = list(self._pods.values()) if self._pod_volumes else []
-        return [*pods, *self._token_pods.values()]
+        return [*pods, *self._csi.token_pods()]
 
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
@@ -471,7 +318,7 @@ class KubeSource:
         """Everything to track: the pods' references, the claims of the PVs provisioned here, the
         claims selected for this node (and what they reference)."""
         pods = self._pods.values() if self._pod_volumes else ()
-        keys = self._references(pods).union(*self._extra.values())
+        keys = self._references(pods) | self._csi.referenced()
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
         if self._selected is not None:
@@ -480,35 +327,17 @@ class KubeSource:
         return keys
 
     def _references(self, pods: Iterable[Pod]) -> set[ObjectKey]:
-        keys: set[ObjectKey] = set()
-        for pod in pods:
-            for volume in pod.volumes:
-                keys.update(self._volume_references(pod, volume.source))
-        return keys
+        return pod_references(pods, store=self._store, as_node=self.node_identity is not None)
 
     def _volume_references(self, pod: Pod, source: VolumeSource) -> set[ObjectKey]:
-        """What to track for one volume: the ConfigMaps and Secrets it shows (tokens are
-        requested, not watched), or a claim's objects."""
-        if isinstance(source, PersistentVolumeClaimVolumeSource):
-            return self._claim_references(
-                ObjectKey(Kind.PERSISTENT_VOLUME_CLAIM, pod.namespace, source.claim_name)
-            )
-        return {
-            key
-            for key in referenced_objects(pod, source)
-            if key.kind in (Kind.CONFIG_MAP, Kind.SECRET)
-        }
+        return volume_references(
+            pod, source, store=self._store, as_node=self.node_identity is not None
+        )
 
     def _claim_references(self, claim_key: ObjectKey) -> set[ObjectKey]:
-        """The claim, and its volume once bound, else its class (which says who provisions it)."""
-        claim = self._store.get(claim_key, PersistentVolumeClaim)
-        if claim is None:
-            return {claim_key}
-        if not claim.volume_name:
-            if not claim.storage_class_name or self.node_identity is not None:
-                return {claim_key}
-            return {claim_key, ObjectKey(Kind.STORAGE_CLASS, "", claim.storage_class_name)}
-        return {claim_key, ObjectKey(Kind.PERSISTENT_VOLUME, "", claim.volume_name)}
+        return claim_references(
+            claim_key, store=self._store, as_node=self.node_identity is not None
+        )
 
 
 def _key_of(raw: Obj) -> ObjectKey:
