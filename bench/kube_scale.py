@@ -64,7 +64,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import agent_pid, percentile, proc_status, rss_mib
-from fusevol.kube.client import load_configuration
+from fusevol.kube.configuration import load_configuration
 from tests.agent import AgentProcess, wait_for
 
 if TYPE_CHECKING:

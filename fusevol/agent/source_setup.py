@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
     from fusevol.base.settings import Settings
     from fusevol.csi.node import Tracker
-    from fusevol.kube.client import ClientStatistics
+    from fusevol.kube.transport import ClientStatistics
     from fusevol.model import Pod
     from fusevol.provision.hostpath import VolumeRecorder
     from fusevol.volumemanager.cache.desired import VolumeToServe

@@ -1,7 +1,9 @@
 """The Kubernetes API adapter: what talks to an API server, for reading and for writing.
 
-`client` (the only `import kubernetes`; its calls go over `http2`, every request and watch a
-stream of one connection; `listing` reads a large list's items one at a time) and `reflector` (a
+`client` (the API calls, each a request of `transport`: made from `configuration`, the only
+`import kubernetes`, with its `tls` and `credentials`, it goes over `http2`, every request and
+watch a stream of one connection; `watch` reads an open watch, `errors` say how a call failed;
+`listing` reads a large list's items one at a time) and `reflector` (a
 list+watch mirror that survives any API server; `relists`: the watches of one namespace relist
 together) are what the API source reads through
 (`fusevol.source.kube`); the agent's writes to the

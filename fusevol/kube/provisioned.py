@@ -29,8 +29,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from fusevol.kube.client import ApiError
 from fusevol.kube.documents import convert, to_document
+from fusevol.kube.errors import ApiError
 from fusevol.kube.reflector import Callbacks, Flag, Query, Reflector
 from fusevol.model import Kind, ObjectKey, PersistentVolume
 

@@ -60,21 +60,16 @@ from typing import TYPE_CHECKING, Protocol
 
 import trio
 
-from fusevol.kube.client import (
-    TOO_OLD,
-    ApiError,
-    ApiUnavailable,
-    ApiUnreachable,
-    behind_horizon,
-    learn_horizon,
-)
+from fusevol.kube.client import TOO_OLD, behind_horizon, learn_horizon
+from fusevol.kube.errors import ApiError, ApiUnavailable, ApiUnreachable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from fusevol.kube.client import KubeClient, Obj, WatchStream
+    from fusevol.kube.client import KubeClient, Obj
     from fusevol.kube.listing import Items
     from fusevol.kube.relists import Relists
+    from fusevol.kube.watch import WatchStream
     from fusevol.model import Kind
 
 log = logging.getLogger(__name__)

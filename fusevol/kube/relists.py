@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from fusevol.kube.client import ApiError, ApiUnavailable
+from fusevol.kube.errors import ApiError, ApiUnavailable
 
 if TYPE_CHECKING:
     from fusevol.kube.client import KubeClient

@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from fusevol.fuse.ops import Operations
     from fusevol.fuse.tree import Tree
-    from fusevol.kube.client import ClientStatistics
+    from fusevol.kube.transport import ClientStatistics
     from fusevol.model import UniqueVolumeName
     from fusevol.observe.metrics import Metrics
     from fusevol.volumemanager.cache.actual import ActualState

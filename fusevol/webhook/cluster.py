@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import kubernetes
 
-from fusevol.kube.client import load_configuration
+from fusevol.kube.configuration import load_configuration
 from fusevol.webhook.convert import DRIVER, Driver
 
 if TYPE_CHECKING:

@@ -20,7 +20,8 @@ import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from fusevol.kube.client import ApiError, KubeClient
+from fusevol.kube.client import KubeClient
+from fusevol.kube.errors import ApiError
 from fusevol.model import ConfigMap, Kind, ObjectKey
 from fusevol.source.kube import objects
 from fusevol.source.kube.objects import WatchedObjects

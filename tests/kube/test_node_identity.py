@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 import pytest
 import trio
 
-from fusevol.kube.client import ApiError, KubeClient
+from fusevol.kube.client import KubeClient
+from fusevol.kube.errors import ApiError
 from fusevol.model import Kind
 from tests.agent import NODE, running_agent, wait_for
 from tests.helpers.h2server import certificates

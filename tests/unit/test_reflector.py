@@ -18,7 +18,8 @@ import pytest
 import trio
 import trio.testing
 
-from fusevol.kube.client import ApiError, ApiUnavailable, ApiUnreachable, behind_horizon
+from fusevol.kube.client import behind_horizon
+from fusevol.kube.errors import ApiError, ApiUnavailable, ApiUnreachable
 from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Callbacks, Query, Reflector
 from fusevol.kube.relists import Answer
 from fusevol.model import Kind
