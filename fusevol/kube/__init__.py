@@ -3,9 +3,9 @@
 `client` (the API calls, each a request of `transport`: made from `configuration`, the only
 `import kubernetes`, with its `tls` and `credentials`, it goes over `http2`, every request and
 watch a stream of one connection; `watch` reads an open watch, `errors` say how a call failed;
-`listing` reads a large list's items one at a time) and `reflector` (a
-list+watch mirror that survives any API server; `relists`: the watches of one namespace relist
-together) are what the API source reads through
+`listing` reads a large list's items one at a time) and `reflector` (a list+watch mirror of a
+`query` that survives any API server, with client-go's `backoff` and set-once flags, `flag`;
+`relists`: the watches of one namespace relist together) are what the API source reads through
 (`fusevol.source.kube`); the agent's writes to the
 API are here too: `events` (kubelet's FailedMount Warning events) and `provisioned` (the
 PersistentVolumes the hostpath provisioner creates and deletes, as a node-local

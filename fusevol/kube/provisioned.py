@@ -31,13 +31,15 @@ from typing import TYPE_CHECKING
 
 from fusevol.kube.documents import convert, to_document
 from fusevol.kube.errors import ApiError
-from fusevol.kube.reflector import Callbacks, Flag, Query, Reflector
+from fusevol.kube.query import Callbacks, Query
+from fusevol.kube.reflector import Reflector
 from fusevol.model import Kind, ObjectKey, PersistentVolume
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
+    from fusevol.kube.flag import Flag
     from fusevol.kube.listing import Items
 
 log = logging.getLogger(__name__)

@@ -48,6 +48,9 @@ no task while its watch waits for the server (thousands of watched objects are i
 and a waiting task is 3-4 KB of frames, task and cancel status): `run()` returns instead
 (*parked*), and the stream calls `resume()` once it has something, to run it again.
 
+What a reflector is given is `query`'s (the `Query`, its `Handler`); (5)'s backoff is `backoff`'s,
+the set-once flags (`synced`, `settled`, `started`) `flag`'s.
+
 Excludes: what the items mean (the handlers), and conversion of objects.
 """
 
@@ -56,21 +59,23 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.kube.backoff import Backoff
 from fusevol.kube.client import TOO_OLD, behind_horizon, learn_horizon
 from fusevol.kube.errors import ApiError, ApiUnavailable, ApiUnreachable
+from fusevol.kube.flag import Flag, raised
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable
 
     from fusevol.kube.client import KubeClient, Obj
     from fusevol.kube.listing import Items
+    from fusevol.kube.query import Handler, Query
     from fusevol.kube.relists import Relists
     from fusevol.kube.watch import WatchStream
-    from fusevol.model import Kind
 
 log = logging.getLogger(__name__)
 
@@ -80,101 +85,6 @@ WATCH_TIMEOUT_S = (300, 600)
 
 RESUME_JITTER_S = 0.5
 """After the server is reachable again (5): each reflector resumes within this, at random."""
-
-
-@dataclass(frozen=True, slots=True)
-class Query:
-    kind: Kind
-    namespace: str | None
-    fields: str
-    """The field selector, unless `name` is given."""
-    label_selector: str = ""
-    name: str = ""
-    """One object's: the field selector is `metadata.name=<name>`, made for each request (the
-    name is the object key's own string; thousands of selectors kept would be 64 bytes each)."""
-
-    @property
-    def field_selector(self) -> str:
-        return f"metadata.name={self.name}" if self.name else self.fields
-
-    def __str__(self) -> str:
-        where = f" namespace={self.namespace}" if self.namespace else ""
-        labels = f" labelSelector={self.label_selector}" if self.label_selector else ""
-        return f"{self.kind.value.lower()}s{where} fieldSelector={self.field_selector}{labels}"
-
-
-class Handler(Protocol):
-    """What a reflector's items and events go to: an object with these two methods (a watched
-    object's own, with no bound method kept for each of thousands), or `Callbacks`."""
-
-    def on_replace(self, items: Items, /) -> Awaitable[None]:
-        """The complete current state (1); the list is the handler's: it may empty it."""
-
-    def on_event(self, kind: str, obj: Obj, /) -> Awaitable[None]:
-        """One ADDED, MODIFIED or DELETED event (2)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Callbacks:
-    """A `Handler` made of two functions."""
-
-    on_replace: Callable[[Items], Awaitable[None]]
-    on_event: Callable[[str, Obj], Awaitable[None]]
-
-
-@dataclass(slots=True)
-class Backoff:
-    """client-go's reflector backoff: 0.8 s doubling to 30 s, up to 100 % jitter, then capped."""
-
-    initial_s: float = 0.8
-    max_s: float = 30.0
-    failures: int = 0
-
-    def next_delay(self) -> float:
-        base = min(self.initial_s * 2**self.failures, self.max_s)
-        self.failures += 1
-        return float(min(base * (1 + random.random()), self.max_s))
-
-    def reset(self) -> None:
-        self.failures = 0
-
-
-class Flag:
-    """Set once, awaited by some: a `trio.Event` made only when someone waits before it is set
-    (a reflector per watched object has one, and almost nobody waits for most of them)."""
-
-    __slots__ = ("_event", "_set")
-
-    def __init__(self) -> None:
-        self._set = False
-        self._event: trio.Event | None = None
-
-    def set(self) -> None:
-        self._set = True
-        if self._event is not None:
-            self._event.set()  # its waiters are woken; nobody needs it any more
-            self._event = None
-
-    def is_set(self) -> bool:
-        return self._set
-
-    async def wait(self) -> None:
-        if not self._set:
-            if self._event is None:
-                self._event = trio.Event()
-            await self._event.wait()
-
-
-_SET = Flag()
-_SET.set()
-
-
-def _raised(flag: Flag) -> Flag:
-    """Set `flag` (its waiters wake) and give the one flag all reflectors share once theirs is
-    set, to hold in its stead: three flags of 48 bytes on each of thousands of reflectors, set
-    for good within a second of their start."""
-    flag.set()
-    return _SET
 
 
 @dataclass(slots=True)
@@ -237,7 +147,7 @@ class Reflector:
         self._expiry_backoff: Backoff | None = None
         """(4)'s, made at the second 410 in a row."""
         self.synced = Flag()
-        """Set by the first list. A flag once set is the one all reflectors share (`_raised`):
+        """Set by the first list. A flag once set is the one all reflectors share (`raised`):
         to be read through the reflector, never kept."""
         self.settled = Flag()
         """Set by the first list, or the first refusal (5)."""
@@ -301,8 +211,8 @@ class Reflector:
         self.refused = ""
         if items is not None:
             await self._handler.on_replace(items)
-        self.synced = _raised(self.synced)
-        self.settled = _raised(self.settled)
+        self.synced = raised(self.synced)
+        self.settled = raised(self.settled)
         if self._backoff is not None:
             self._backoff.reset()
         return str(version)
@@ -327,7 +237,7 @@ class Reflector:
 
     def close(self) -> None:
         """Close the watch (a parked reflector's: it has no task to cancel). Idempotent."""
-        self.started = _raised(self.started)
+        self.started = raised(self.started)
         if (stream := self._stream) is not None:
             self._stream = None
             stream.close()
@@ -354,7 +264,7 @@ class Reflector:
             while self._stream is stream:
                 if self._resume is not None and not stream.ready():
                     stream.park(self._resume)
-                    self.started = _raised(self.started)
+                    self.started = raised(self.started)
                     return True
                 if (event := await stream.next_event()) is None:  # (3)
                     break
@@ -430,13 +340,13 @@ class Reflector:
     async def _failed(self, exc: Exception) -> None:
         self.stats.failures += 1
         # this object's own trouble, maybe: not the turn of others
-        self.started = _raised(self.started)
+        self.started = raised(self.started)
         backoff = self._failing()
         delay = backoff.next_delay()
         first = backoff.failures <= 1
         if isinstance(exc, ApiError) and exc.code in (401, 403):
             self.refused = str(exc)
-            self.settled = _raised(self.settled)
+            self.settled = raised(self.settled)
             level = logging.ERROR if first else logging.DEBUG
             log.log(level, "read refused query=%s retry_in=%.1fs error=%s", self.query, delay, exc)
         else:  # a connection lost under all its streams was said once, by the client

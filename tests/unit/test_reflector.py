@@ -18,9 +18,11 @@ import pytest
 import trio
 import trio.testing
 
+from fusevol.kube.backoff import Backoff
 from fusevol.kube.client import behind_horizon
 from fusevol.kube.errors import ApiError, ApiUnavailable, ApiUnreachable
-from fusevol.kube.reflector import RESUME_JITTER_S, Backoff, Callbacks, Query, Reflector
+from fusevol.kube.query import Callbacks, Query
+from fusevol.kube.reflector import RESUME_JITTER_S, Reflector
 from fusevol.kube.relists import Answer
 from fusevol.model import Kind
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from fusevol.kube.reflector import Callbacks, Query, Reflector
+from fusevol.kube.query import Callbacks, Query
+from fusevol.kube.reflector import Reflector
 from fusevol.model import Kind, ObjectKey
 
 if TYPE_CHECKING:
