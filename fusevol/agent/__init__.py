@@ -2,7 +2,9 @@
 
 launcher      `fusevol run` forks the agent and holds its FUSE connection, so that a crash
               of the agent fails no read; a restarted agent takes the connection over
-app           the composition root: builds the components, starts them in order, stops
+app           the composition root: starts the components in order, stops them
+components    every long-lived component, built in dependency order and wired together
+readiness     when the agent is ready: /readyz, the CSI server's probe, the ready file
 lifecycle     the agent's phases and the transitions between them, in one table
 lock          `<root>/fusevol/lock`: one agent reconciles a root at a time
 handover      a stopping agent answers FUSE as a lame duck until its successor holds on

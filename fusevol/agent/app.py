@@ -1,8 +1,9 @@
-"""The composition root: builds every component in dependency order, starts them in order, stops
-cleanly. Each concern lives in the module named for it: the phases of the agent's life
-(fusevol.agent.lifecycle), the lock (fusevol.agent.lock), the hand-over (fusevol.agent.handover),
-systemd's notify protocol (fusevol.agent.sdnotify), the metrics wiring
-(fusevol.observe.component_metrics); this module only connects them.
+"""The composition root: the agent's components, built in dependency order, started in order,
+stopped cleanly. Each concern lives in the module named for it: the components and their wiring
+(fusevol.agent.components), when the agent is ready (fusevol.agent.readiness), the phases of the
+agent's life (fusevol.agent.lifecycle), the lock (fusevol.agent.lock), the hand-over
+(fusevol.agent.handover), systemd's notify protocol (fusevol.agent.sdnotify), the metrics wiring
+(fusevol.observe.component_metrics); this module only starts and stops them.
 
 Start-up order (each `nursery.start` returns once the component is ready):
     1. lock `<root>/fusevol/lock`, so two agents never share a root (a lame duck holds none), and
@@ -33,16 +34,16 @@ Two kinds of stop (`stop()`), each a path through the lifecycle's table:
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import logging
 import signal
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import trio
 
 from fusevol.agent import sdnotify
 from fusevol.agent.collector import collect_when_quiet
+from fusevol.agent.components import Components
 from fusevol.agent.handover import (
     RELEASE_WAIT_S,
     Predecessor,
@@ -56,42 +57,21 @@ from fusevol.agent.holder import offer
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
-from fusevol.agent.source_setup import build_source
-from fusevol.fuse import follow_process, snapshot
+from fusevol.fuse import follow_process
 from fusevol.fuse.naming import ConnectionKey
-from fusevol.fuse.ops import Operations
-from fusevol.fuse.publish import Publisher
 from fusevol.fuse.session import Connection, serve
-from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
-from fusevol.observe import component_metrics
-from fusevol.observe.auth import Authorizer
-from fusevol.observe.frozen import FrozenVolumes
-from fusevol.observe.http import HealthServer
-from fusevol.observe.metrics import Metrics
-from fusevol.observe.status import StatusReporter
-from fusevol.projection.downward import node_allocatable
-from fusevol.provision.hostpath import HostPathProvisioner
-from fusevol.volumemanager.cache.actual import ActualState
-from fusevol.volumemanager.cache.desired import DesiredState
-from fusevol.volumemanager.cache.seen import FirstSeen
-from fusevol.volumemanager.cache.store import ObjectStore
-from fusevol.volumemanager.populator import ConfigSource, KubeletAnnotations, Populator
-from fusevol.volumemanager.reconciler.executor import Executor
-from fusevol.volumemanager.reconciler.loop import Reconciler
 from fusevol.volumemanager.reconciler.reconstruct import (
     detach_dead_fuse_mounts,
     reconstruct,
     remove_pod_dirs,
     unmount_all_below,
 )
-from fusevol.volumemanager.reconciler.volumes import Volumes
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
     from fusevol.base.settings import Settings
-    from fusevol.csi.server import CsiServer
     from fusevol.volumemanager.cache.actual import MountedVolume
 
 log = logging.getLogger(__name__)
@@ -101,148 +81,16 @@ STOP_TIMEOUT_S = 60.0
 
 
 class Agent:
-    """Every long-lived component, wired together. `run()` serves until cancelled."""
+    """The agent: its components (fusevol.agent.components) started in order and stopped one of
+    the two ways (module docstring). `run()` serves until cancelled."""
 
     def __init__(self, settings: Settings, *, launcher: Launcher | None = None) -> None:
         """`launcher`: the link to `fusevol run`'s launcher process, if this agent has one; only
         then does a handing-over stop keep serving as a lame duck (fusevol.agent.handover)."""
         self.settings = settings
-        root = settings.root
-        self.backend = LinuxMountBackend(command_timeout_s=settings.mount.command_timeout_s)
-        self.metrics = Metrics()
-        self.store = ObjectStore()
-        self.desired = DesiredState()
-        self.actual = ActualState()
-        self.tree, self._journal, self._take_over = snapshot.fuse_state(
-            None if launcher is None else launcher.take_over, launched=launcher is not None
-        )
-        self.publisher = Publisher(
-            self.tree,
-            mountpoint=layout.fuse_mountpoint(root),
-            grace_s=settings.fuse.old_version_grace_s,
-        )
-        if self._take_over is not None:
-            self.publisher.adopt()
-        self.operations = Operations(
-            self.tree,
-            is_agent=self.publisher.is_publisher,
-            entry_timeout_s=settings.fuse.entry_timeout_s,
-            attr_timeout_s=settings.fuse.attr_timeout_s,
-        )
-        self.executor = Executor(
-            initial_backoff_s=settings.reconcile.initial_backoff_s,
-            max_backoff_s=settings.reconcile.max_backoff_s,
-            on_finished=component_metrics.operation_observer(self.metrics),
-        )
-        self.volumes = Volumes(
-            root=root,
-            store=self.store,
-            publisher=self.publisher,
-            backend=self.backend,
-            allocatable=node_allocatable(settings.node_allocatable),
-            observe_propagation=self.metrics.update_propagation.observe,
-            git_timeout_s=settings.mount.git_timeout_s,
-            subtree_names=self._subtree_name,
-        )
-        built = build_source(settings, self.store)
-        self.source = built.source
-        self._api_statistics = built.api
-        self._manifest_recorder = built.manifest_recorder
-        self.provisioner = HostPathProvisioner(
-            root=root, node_name=settings.node_name, store=self.store, recorder=built.recorder
-        )
-        self.frozen = FrozenVolumes(
-            root=root,
-            kubelet_dir=settings.csi.kubelet_dir if settings.csi is not None else None,
-            desired=self.desired,
-            warn=self.source.volume_frozen,
-            changed=lambda: self.status.changed(),
-        )
-        self.status = StatusReporter(
-            root=root,
-            node_name=settings.node_name,
-            desired=self.desired,
-            actual=self.actual,
-            executor=self.executor,
-            statistics=self.statistics,
-            object_versions=self.volumes.object_versions,
-            frozen=self.frozen.snapshot,
-            at_rest=self._tidy,
-        )
-        self.reconciler = Reconciler(
-            store=self.store,
-            populator=Populator(
-                store=self.store,
-                desired=self.desired,
-                provisioner=self.provisioner,
-                annotations=KubeletAnnotations(
-                    ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
-                    FirstSeen(path=layout.first_seen_file(root)),
-                ),
-                pod_volumes=settings.csi is None,  # CSI: what kubelet publishes, only
-            ),
-            desired=self.desired,
-            actual=self.actual,
-            executor=self.executor,
-            volumes=self.volumes,
-            resync_interval_s=settings.reconcile.resync_interval_s,
-            on_pass=self._on_pass,
-            on_volume_failed=self.source.volume_failed,
-            provisioner=self.provisioner,
-        )
-        self.http = HealthServer(
-            host=settings.http.host,
-            port=settings.http.port,
-            metrics=self.metrics,
-            healthy=lambda: self.lifecycle.fuse_up,
-            ready=self._reconciled,
-            status=self.status.encoded,
-            authorizer=Authorizer(node_name=settings.node_name, post=built.post)
-            if settings.http.auth
-            else None,
-        )
-        component_metrics.register(
-            self.metrics,
-            desired=self.desired,
-            actual=self.actual,
-            store=self.store,
-            tree=self.tree,
-            operations=self.operations,
-            frozen=self.frozen.gauges,
-            api=built.api,
-        )
-        # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
-        self.csi: CsiServer | None = None
-        if settings.csi is not None:
-            from fusevol.csi.node import CsiNode
-            from fusevol.csi.registration import registration_socket
-            from fusevol.csi.server import CsiServer
-
-            self.csi = CsiServer(
-                endpoint=settings.csi.endpoint,
-                registration=registration_socket(settings.csi.kubelet_dir)
-                if settings.csi.register
-                else None,
-                handing_over=lambda: self.lifecycle.phase is Phase.HANDING_OVER,
-                node=CsiNode(
-                    state_path=layout.csi_file(root),
-                    kubelet_dir=settings.csi.kubelet_dir,
-                    node_name=settings.node_name,
-                    store=self.store,
-                    desired=self.desired,
-                    actual=self.actual,
-                    executor=self.executor,
-                    volumes=self.volumes,
-                    kick=self.reconciler.kick,
-                    is_mount_point=self.backend.is_mount_point,
-                    track=built.csi_track,
-                    source_name=built.name,
-                    request_tokens=settings.csi.token_requests,
-                ),
-                ready=lambda: self.lifecycle.fuse_up and self._reconciled(),
-            )
         self.lifecycle = Lifecycle()
         """The agent's phase (fusevol.agent.lifecycle): every step of a stop is a transition."""
+        self.components = Components(settings, launcher=launcher, lifecycle=self.lifecycle)
         self._launcher = launcher
         self._active = trio.CancelScope()
         """SERVING's scope: cancelled by `stop()`."""
@@ -251,8 +99,6 @@ class Agent:
         """LAME_DUCK's scope: shielded from the stop that began it, cancelled by SIGINT."""
         self._fuse_scope = trio.CancelScope(shield=True)
         """The FUSE server's: it outlives every other component, and stops last."""
-        self._ready = False
-        """The ready file was created (`_on_pass`)."""
         self._successor: trio.socket.SocketType | None = None
         """A successor that asked for our connection while we served (a rollout)."""
         self._connection: Connection | None = None
@@ -260,73 +106,31 @@ class Agent:
         self._holder_has_it = False
         """`fusevol hold` took duplicates of our connection when we offered them."""
 
-    def statistics(self) -> dict[str, Any]:
-        """Every component's counters, for the status snapshot."""
-        return {
-            "fuse_tree": dataclasses.asdict(self.tree.statistics()),
-            "publisher": dataclasses.asdict(self.publisher.statistics()),
-            "executor": dataclasses.asdict(self.executor.statistics()),
-            "store": dataclasses.asdict(self.store.statistics()),
-            "source": dataclasses.asdict(self.source.statistics()),
-            "reconciler": dataclasses.asdict(self.reconciler.statistics()),
-        }
-
-    def _reconciled(self) -> bool:
-        """Ready: the source has delivered everything once, and a reconciler pass acted on it."""
-        return self.store.synced and self.reconciler.passes > 0
-
-    def _on_pass(self) -> None:
-        """After each reconciler pass: the status snapshot is due, and the agent may be ready."""
-        self.status.changed()
-        self._mark_ready()
-
-    def _mark_ready(self) -> None:
-        """Serving, with a reconciler pass done: the ready file says so (once)."""
-        ready_file = self.settings.http.ready_file
-        if (
-            ready_file is not None
-            and not self._ready
-            and self.lifecycle.phase is Phase.SERVING
-            and self._reconciled()
-        ):
-            self._ready = True
-            ready_file.parent.mkdir(parents=True, exist_ok=True)
-            ready_file.touch()
-
-    def _not_ready(self) -> None:
-        ready_file = self.settings.http.ready_file
-        if ready_file is not None:
-            ready_file.unlink(missing_ok=True)
-
-    def _tidy(self) -> None:
-        """At rest (the status reporter's quiet times, while we reconcile): compact the journal."""
-        if self._journal is not None:
-            self._journal.tidy()
-
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         root = self.settings.root
-        lock = await AgentLock.acquire(root, self.backend)  # (1)
+        components = self.components
+        lock = await AgentLock.acquire(root, components.backend)  # (1)
         try:
             predecessor = await find_predecessor(layout.handover_socket(root))
-            if self._take_over is None:  # else our predecessor's mount is alive: ours now
-                await detach_dead_fuse_mounts(self.backend, root)  # (2)
-            self.operations.key = ConnectionKey.for_connection(
-                layout.fuse_key_file(root), fresh=self._take_over is None
+            if components.take_over is None:  # else our predecessor's mount is alive: ours now
+                await detach_dead_fuse_mounts(components.backend, root)  # (2)
+            components.operations.key = ConnectionKey.for_connection(
+                layout.fuse_key_file(root), fresh=components.take_over is None
             )
             found = reconstruct(root)
             for volume in found:
-                self.actual.mark_mounted(volume)
-            if self._manifest_recorder is not None:
-                self._manifest_recorder.load()  # the PVs this node provisioned, before any source
-            if self._take_over is None:  # (its stat would wait for our own FUSE server)
+                components.actual.mark_mounted(volume)
+            if components.manifest_recorder is not None:  # before any source:
+                components.manifest_recorder.load()  # the PVs this node provisioned
+            if components.take_over is None:  # (its stat would wait for our own FUSE server)
                 layout.fuse_mountpoint(root).mkdir(parents=True, exist_ok=True)
             # The FUSE server must outlive every bind mount of it and the publisher's last rmdir,
             # so it is shielded from outside cancellation and stopped here, last.
             fuse_scope = self._fuse_scope
             async with trio.open_nursery() as fuse_nursery:
                 await fuse_nursery.start(self._serve_fuse, fuse_scope)  # (3)
-                self.backend.mount_points()  # the table learns our mount: pyfuse3 made it
-                self.backend.start_helper()
+                components.backend.mount_points()  # the table learns our mount: pyfuse3 made it
+                components.backend.start_helper()
                 await fuse_nursery.start(self._run_publisher)
                 try:
                     with self._active:
@@ -337,7 +141,7 @@ class Agent:
                     sdnotify.notify(sdnotify.STOPPING)
                     if not self.lifecycle.stopping:  # a failure, or a cancellation from outside
                         self.lifecycle.enter(Phase.TEARING_DOWN, "stopped without a signal")
-                    self._not_ready()
+                    components.readiness.not_ready()
                     try:
                         await self._stop(lock, predecessor)
                     finally:  # whatever failed above: the FUSE server must stop, or we never exit
@@ -345,7 +149,7 @@ class Agent:
                         fuse_nursery.cancel_scope.cancel()
         finally:
             lock.release()
-            self.backend.close()
+            components.backend.close()
             if self._launcher is not None:
                 self._launcher.close()
 
@@ -357,27 +161,30 @@ class Agent:
     ) -> None:
         """Steps (4) to (6) in `nursery`, then SERVING: the agent is ready."""
         root = self.settings.root
-        await nursery.start(self.executor.run)  # (4)
-        await nursery.start(self.status.run)
+        components = self.components
+        await nursery.start(components.executor.run)  # (4)
+        await nursery.start(components.status.run)
         if self.settings.http.port >= 0:
-            await nursery.start(self.http.run)
+            await nursery.start(components.http.run)
         nursery.start_soon(sdnotify.watchdog)
-        api = self._api_statistics
+        api = components.api_statistics
         nursery.start_soon(
             functools.partial(
-                collect_when_quiet, self.store, activity=(lambda: api().requests) if api else int
+                collect_when_quiet,
+                components.store,
+                activity=(lambda: api().requests) if api else int,
             )
         )
-        await nursery.start(self.source.run)  # (5)
-        await nursery.start(self.reconciler.run)  # (6)
-        if self.csi is not None:  # CSI node plugin: after the reconciler
-            await nursery.start(self.csi.run)
-            found = [*found, *self.csi.node.restored]  # a lame duck's too
+        await nursery.start(components.source.run)  # (5)
+        await nursery.start(components.reconciler.run)  # (6)
+        if components.csi is not None:  # CSI node plugin: after the reconciler
+            await nursery.start(components.csi.run)
+            found = [*found, *components.csi.node.restored]  # a lame duck's too
         if predecessor is not None:
             release = functools.partial(
                 release_once_set_up,
                 predecessor,
-                actual=self.actual,
+                actual=components.actual,
                 found=[volume.name for volume in found],
             )
             nursery.start_soon(release)
@@ -396,7 +203,7 @@ class Agent:
         # deliver its cancellation of `_active`: this one does, before the agent says it serves.
         await trio.lowlevel.checkpoint()
         self.lifecycle.enter(Phase.SERVING, f"ready root={root}")
-        self._mark_ready()
+        components.readiness.mark_ready()
         log.info("ready root=%s node=%s", root, self.settings.node_name)
         sdnotify.notify(sdnotify.READY)
 
@@ -404,8 +211,8 @@ class Agent:
         """Frozen volumes (fusevol.observe.frozen), searched once the volumes found on the node
         are set up again (a container's bind is frozen only if no fresh bind covers it)."""
         with trio.move_on_after(RELEASE_WAIT_S):
-            await self.actual.wait_certain()
-        await self.frozen.run()
+            await self.components.actual.wait_certain()
+        await self.components.frozen.run()
 
     async def _stop(self, lock: AgentLock, predecessor: Predecessor | None) -> None:
         """HANDING_OVER or TEARING_DOWN, to the end: STOPPED, or LAME_DUCK first when launched."""
@@ -446,15 +253,17 @@ class Agent:
     async def _linger_csi(self, *, successor: bool) -> None:
         """The CSI server outlives a handing-over stop until the `successor`'s replaces it,
         answering kubelet's Node calls through it meanwhile (fusevol.csi.server)."""
-        if self.csi is not None:
-            await self.csi.linger() if successor else await self.csi.linger(timeout_s=0)
+        if self.components.csi is not None:
+            await self.components.csi.linger() if successor else await self.components.csi.linger(
+                timeout_s=0
+            )
 
     async def _tear_down(self, predecessor: Predecessor | None) -> None:
         """SIGINT's stop: every pod volume unmounted, the pod directories removed."""
         root = self.settings.root
         with trio.CancelScope(shield=True), trio.move_on_after(STOP_TIMEOUT_S):
-            await self.reconciler.unmount_all()
-            await unmount_all_below(self.backend, layout.pods_dir(root))
+            await self.components.reconciler.unmount_all()
+            await unmount_all_below(self.components.backend, layout.pods_dir(root))
             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
             await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
         if predecessor is not None:  # its binds went with ours
@@ -489,14 +298,8 @@ class Agent:
             log.info("stop on %s: already %s", why, self.lifecycle.phase.value)
             return
         self.lifecycle.enter(Phase.HANDING_OVER if handover else Phase.TEARING_DOWN, why)
-        self._not_ready()
+        self.components.readiness.not_ready()
         self._active.cancel()
-
-    def _subtree_name(self, readable: bytes) -> bytes:
-        """A volume's subtree name, keyed with our connection's key (read before any volume is
-        set up: `run`)."""
-        key = self.operations.key
-        return readable if key is None else key.subtree_name(readable)
 
     def end_lame_duck(self) -> None:
         """Stop serving as a lame duck now (SIGINT): the binds turn dead, as after a crash."""
@@ -504,7 +307,7 @@ class Agent:
 
     async def _run_publisher(self, *, task_status: trio.TaskStatus[None]) -> None:
         with self._publisher_scope:
-            await self.publisher.run(task_status=task_status)
+            await self.components.publisher.run(task_status=task_status)
 
     async def _serve_fuse(
         self, scope: trio.CancelScope, *, task_status: trio.TaskStatus[None]
@@ -514,11 +317,11 @@ class Agent:
             try:
                 self.lifecycle.fuse_started()
                 await serve(
-                    self.operations,
+                    self.components.operations,
                     mountpoint,
                     max_tasks=self.settings.fuse.max_tasks,
                     unmount=lambda: not self.lifecycle.mount_handed_on,
-                    take_over=self._take_over,
+                    take_over=self.components.take_over,
                     connected=self._connected,
                     task_status=task_status,
                 )
@@ -528,12 +331,12 @@ class Agent:
     def _connected(self, connection: Connection) -> None:
         """The kernel's INIT is answered: have the launcher keep the connection and our tree's
         state, so that a successor takes them over if we die (fusevol.agent.launcher)."""
-        if self._launcher is None or self._journal is None:
+        if self._launcher is None or self.components.journal is None:
             return
-        self._journal.write_init(connection.init_request)
-        self._launcher.hold(connection.fd, self._journal.fd)
+        self.components.journal.write_init(connection.init_request)
+        self._launcher.hold(connection.fd, self.components.journal.fd)
         sdnotify.store_fds(FDNAME_FUSE, [connection.fd])  # under systemd: a kill -9 of the whole
-        sdnotify.store_fds(FDNAME_STATE, [self._journal.fd])  # service keeps them too
+        sdnotify.store_fds(FDNAME_STATE, [self.components.journal.fd])  # service keeps them too
         self._connection = connection
         log.info("FUSE connection held by the launcher: a crash of the agent fails no read")
         self._offer_to_holder()
@@ -542,8 +345,8 @@ class Agent:
         """Our FUSE connection and state memfd, for whoever keeps them for a successor
         (fusevol.agent.handover.Transferable)."""
         assert self._connection is not None
-        assert self._journal is not None
-        return [self._connection.fd, self._journal.fd]
+        assert self.components.journal is not None
+        return [self._connection.fd, self.components.journal.fd]
 
     def _offer_to_holder(self) -> None:
         """Give `fusevol hold`, if it runs on our root, duplicates of our connection: a deleted
