@@ -22,8 +22,9 @@ import pytest
 import yaml
 
 import fusevol
-from fusevol import cli
 from fusevol.agent import app
+from fusevol.base.settings import DEFAULT_ROOT
+from fusevol.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "fusevol"
@@ -215,7 +216,7 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
         arg.replace("$(NODE_NAME)", "node-7").replace("$(POD_IP)", "10.0.0.7")
         for arg in container["args"]
     ]
-    args = cli._parser().parse_args(argv)
+    args = build_parser().parse_args(argv)
     assert args.command == "run"
     assert args.root == Path(root)
     assert args.node_name == "node-7"
@@ -456,10 +457,10 @@ def test_versions_root_and_port_agree_with_the_agent_and_the_unit(chart: helm.Ch
     env = dict(
         re.findall(r"^(FUSEVOL_\w+)=(.*)$", (REPO / "systemd/fusevol.env").read_text(), re.M)
     )
-    assert chart.values["root"] == cli.DEFAULT_ROOT == env["FUSEVOL_ROOT"]
+    assert chart.values["root"] == DEFAULT_ROOT == env["FUSEVOL_ROOT"]
     assert str(chart.values["httpPort"]) == env["FUSEVOL_HTTP_PORT"]
-    assert cli._parser().parse_args(["run"]).http_port == chart.values["httpPort"]
-    assert cli._parser().parse_args(["run"]).http_host == "127.0.0.1"  # loopback unless told
+    assert build_parser().parse_args(["run"]).http_port == chart.values["httpPort"]
+    assert build_parser().parse_args(["run"]).http_host == "127.0.0.1"  # loopback unless told
 
 
 @pytest.mark.parametrize("values", VALUE_SETS)
@@ -480,7 +481,7 @@ def test_the_holder(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPa
     [container] = pod["containers"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    args = cli._parser().parse_args(container["args"])
+    args = build_parser().parse_args(container["args"])
     assert container["command"] == ["fusevol"]
     assert (args.command, args.root) == ("hold", Path(want["root"]))
     assert container["image"] == agent(objs)["spec"]["template"]["spec"]["containers"][0]["image"]
@@ -518,13 +519,13 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
     values = {"csi": {"enabled": True, "kubeletDir": kubelet_dir}}
     objs = render(chart, {**values, "holder": {"enabled": holder_enabled}})
     [container] = agent(objs)["spec"]["template"]["spec"]["containers"]
-    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
     assert args.csi_registration == ("holder" if holder_enabled else "agent")
     if not holder_enabled:
         return
     pod = holder(objs)["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    held = cli._parser().parse_args(container["args"])
+    held = build_parser().parse_args(container["args"])
     assert (held.csi_endpoint, held.kubelet_dir) == (args.csi_endpoint, Path(kubelet_dir))
     registry = f"{kubelet_dir}/plugins_registry"
     assert named(pod["volumes"], "plugins-registry")["hostPath"] == {
@@ -616,7 +617,7 @@ def test_each_setting_grants_exactly_its_documented_rules(
         monkeypatch.delenv(name)
     pod = agent(objs)["spec"]["template"]["spec"]
     [container] = pod["containers"]
-    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
     want = merged(values)
     assert args.csi_token_requests is not want["csi"]["enabled"]
     assert args.csi_read_as == ("pod" if values.get("csi", {}).get("readAs") == "pod" else "agent")

@@ -12,7 +12,7 @@ import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from fusevol import cli
+from fusevol.cli.parser import build_parser
 from fusevol.csi.attributes import DRIVER
 from fusevol.csi.server import socket_path
 from tests.deploy.test_helm import CHART, KUBE_VERSIONS, agent, named, one, render
@@ -75,7 +75,7 @@ def test_csi_driver_and_kubelet_dir(
     [container] = pod["containers"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    args = cli._parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
     socket = Path(kubelet_dir) / "plugins" / DRIVER / "csi.sock"
     assert socket_path(args.csi_endpoint) == socket
     assert args.kubelet_dir == Path(kubelet_dir)

@@ -16,7 +16,7 @@ import helm_python as helm
 import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 
-from fusevol import cli
+from fusevol.cli.parser import build_parser
 from tests.deploy.test_helm import CHART, KUBE_VERSIONS, named, one, render
 
 if TYPE_CHECKING:
@@ -80,7 +80,7 @@ def test_the_deployment(chart: helm.Chart, monkeypatch: pytest.MonkeyPatch) -> N
     [container] = pod["containers"]
     for name in [name for name in os.environ if name.startswith("FUSEVOL_")]:
         monkeypatch.delenv(name)
-    args = cli._parser().parse_args(
+    args = build_parser().parse_args(
         [a.replace("$(POD_NAMESPACE)", NAMESPACE) for a in container["args"]]
     )
     assert args.command == "webhook"

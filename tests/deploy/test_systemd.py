@@ -25,8 +25,9 @@ from pathlib import Path
 
 import pytest
 
-from fusevol import cli
 from fusevol.agent import app
+from fusevol.base.settings import DEFAULT_ROOT
+from fusevol.cli.parser import build_parser
 
 REPO = Path(__file__).resolve().parents[2]
 UNIT = REPO / "systemd" / "fusevol.service"
@@ -142,7 +143,7 @@ def run_flags() -> set[str]:
     """The long flags of `fusevol run`, without their dashes."""
     subparsers = next(
         action
-        for action in cli._parser()._actions
+        for action in build_parser()._actions
         if isinstance(action, argparse._SubParsersAction)
     )
     run = subparsers.choices["run"]
@@ -230,7 +231,7 @@ def test_ordering_and_limits(unit: Unit) -> None:
 def test_exec_start_takes_every_setting_from_the_environment(unit: Unit) -> None:
     assert exec_argv(only(unit, "Service", "ExecStart")) == ("", [INSTALLED, "run"])
     assert only(unit, "Service", "EnvironmentFile") == "-/etc/default/fusevol"
-    assert only(unit, "Service", "Environment") == f"FUSEVOL_ROOT={cli.DEFAULT_ROOT}"
+    assert only(unit, "Service", "Environment") == f"FUSEVOL_ROOT={DEFAULT_ROOT}"
 
 
 def test_the_fuse_connection_is_kept_in_the_fd_store_and_never_unmounted_on_stop(
@@ -257,8 +258,8 @@ def test_env_file_is_what_the_cli_reads(monkeypatch: pytest.MonkeyPatch) -> None
     settings = parse_env_file(ENV_FILE.read_text())
     for name, value in settings.items():
         monkeypatch.setenv(name, value)
-    args = cli._parser().parse_args(["run"])
-    assert args.root == Path(settings["FUSEVOL_ROOT"]) == Path(cli.DEFAULT_ROOT)
+    args = build_parser().parse_args(["run"])
+    assert args.root == Path(settings["FUSEVOL_ROOT"]) == Path(DEFAULT_ROOT)
     assert args.manifests == Path(settings["FUSEVOL_MANIFESTS"])
     assert args.log_level == settings["FUSEVOL_LOG_LEVEL"]
     assert settings["FUSEVOL_HTTP_PORT"] == "9842"

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fusevol import cli
 from fusevol.base.settings import DEFAULT_KUBELET_DIR, DEFAULT_ROOT, HttpSettings, KubeSettings
+from fusevol.cli.parser import build_parser
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_every_variable_is_checked_as_its_flag(
 ) -> None:
     monkeypatch.setenv(variable, value)
     with pytest.raises(SystemExit) as stopped:
-        cli._parser().parse_args(["run"])
+        build_parser().parse_args(["run"])
     assert stopped.value.code == 2
     assert capsys.readouterr().err == f"fusevol: error: {variable}={value!r}: {reason}\n"
 
@@ -75,7 +75,7 @@ def test_every_variable_is_checked_as_its_flag(
 def test_a_flag_given_wins_over_a_bad_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FUSEVOL_HTTP_PORT", "x")
     monkeypatch.setenv("FUSEVOL_SOURCE", "api")
-    args = cli._parser().parse_args(["run", "--http-port", "0", "--source", "manifests"])
+    args = build_parser().parse_args(["run", "--http-port", "0", "--source", "manifests"])
     assert (args.http_port, args.source) == (0, "manifests")
 
 
@@ -99,20 +99,20 @@ def test_good_variables_are_converted(monkeypatch: pytest.MonkeyPatch) -> None:
         "FUSEVOL_REPLACE": "True",
     }.items():
         monkeypatch.setenv(name, value)
-    args = cli._parser().parse_args(["run"])
+    args = build_parser().parse_args(["run"])
     assert (args.http_port, args.sync_period, args.cache_ttl) == (-1, 2.5, 0.0)
     assert (args.log_level, args.change_detection) == ("debug", "Get")
     assert args.root == Path("/srv/fusevol")
     assert args.replace is True
     monkeypatch.setenv("FUSEVOL_REPLACE", "no")
-    assert cli._parser().parse_args(["run"]).replace is False
-    assert cli._parser().parse_args(["status"]).root == Path("/srv/fusevol")
+    assert build_parser().parse_args(["run"]).replace is False
+    assert build_parser().parse_args(["status"]).root == Path("/srv/fusevol")
 
 
 def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ["FUSEVOL_HTTP_PORT", "FUSEVOL_SOURCE", "FUSEVOL_MANIFESTS", "FUSEVOL_LOG_LEVEL"]:
         monkeypatch.setenv(name, "")
-    args = cli._parser().parse_args(["run"])
+    args = build_parser().parse_args(["run"])
     assert (args.http_port, args.source, args.manifests, args.log_level) == (
         HttpSettings().port,
         None,
@@ -122,7 +122,7 @@ def test_an_empty_variable_counts_as_unset(monkeypatch: pytest.MonkeyPatch) -> N
 
 
 def test_the_defaults_are_the_settings() -> None:
-    args = cli._parser().parse_args(["run"])
+    args = build_parser().parse_args(["run"])
     kube, http = KubeSettings(), HttpSettings()
     assert args.change_detection == kube.change_detection.value
     assert (args.sync_period, args.cache_ttl) == (kube.sync_period_s, kube.cache_ttl_s)

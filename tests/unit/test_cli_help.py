@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fusevol import cli
+from fusevol.cli.parser import build_parser
 
 README = Path(__file__).parents[2] / "README.md"
 
@@ -53,7 +53,7 @@ def test_the_readme_usage_has_every_command_and_every_flag() -> None:
     readme = README.read_text()
     usage = readme.split("## Using it", 1)[1].split("```", 2)[1]
     commands = set(re.findall(r"^fusevol (\w+)", usage, re.M))
-    parser = cli._parser()
+    parser = build_parser()
     [subparsers] = [a for a in parser._actions if a.dest == "command"]
     assert commands == set(subparsers.choices)  # type: ignore[arg-type]
     run = subparsers.choices["run"]  # type: ignore[index]
