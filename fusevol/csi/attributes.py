@@ -22,7 +22,7 @@ uid>/volumes/kubernetes.io~csi/<volume>/mount` for the pod the request names, be
 the volume handle must be kubelet's handle for that pod volume (`csi-` + hex sha256 of pod uid and
 volume name).
 
-Excludes: whether the pod is one of this node's (`fusevol.csi.node`), the gRPC codes
+Excludes: whether the pod is one of this node's (`fusevol.csi.pods`), the gRPC codes
 (`fusevol.csi.server`).
 """
 

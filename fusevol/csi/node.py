@@ -3,22 +3,23 @@ targets again after a restart. The gRPC side (`fusevol.csi.server`) calls in fro
 
 The reconciler stays the one place where volumes are set up and torn down. A publish:
     1. checks the request (`attributes.parse`: attributes, target, handle) and that its pod is a
-       pod of this node the source knows (same namespace, name, uid and service account, with a
-       `csi:` volume of that name), waiting up to POD_WAIT_S for the source to see it;
+       pod of this node the source knows (`pods`: same namespace, name, uid and service account,
+       with a `csi:` volume of that name), waiting up to POD_WAIT_S for the source to see it;
     2. refuses a handle already published with other attributes or at another target, and a
        target already published under another handle (ALREADY_EXISTS);
     3. has the source track what the volume references (`track`: the API source watches it as a
-       pod's reference), and puts kubelet's tokens into the store (memory only); if kubelet passed
-       not every audience the volume needs, the API source requests them all by TokenRequest
-       instead, as for a pod-spec volume (the manifest source cannot: FAILED_PRECONDITION);
-       an object the API server refuses (to the agent's identity, or to the pod's when the
-       source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED with the server's
-       message (it names the object and the user), and kubelet's next retry asks again;
+       pod's reference), and puts kubelet's tokens into the store (`tokens`, memory only); if
+       kubelet passed not every audience the volume needs, the API source requests them all by
+       TokenRequest instead, as for a pod-spec volume (the manifest source cannot:
+       FAILED_PRECONDITION); an object the API server refuses (to the agent's identity, or to
+       the pod's when the source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED
+       with the server's message (it names the object and the user), and kubelet's next retry
+       asks again;
     4. adds the `CsiVolume` to the desired state, records it (`state`), kicks the reconciler;
-    5. waits until the volume is set up with its current inputs (or its operation failed, or
-       PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet retries, and
-       the volume appears as soon as its object does); a timeout keeps it (kubelet then holds the
-       volume as uncertain, and unpublishes it in any case).
+    5. waits until the volume is set up with its current inputs (`waiting`: or its operation
+       failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
+       retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
+       then holds the volume as uncertain, and unpublishes it in any case).
 An unpublish removes the volume from the desired state and waits for its tear-down (the bind
 unmounted, the target removed); an unknown handle or target is a success that touches nothing.
 After a restart (`restore`), each recorded target is an UNCERTAIN actual-state entry when it is
@@ -30,7 +31,6 @@ are requested by the API source until kubelet's next republish brings its own.
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
@@ -38,26 +38,17 @@ import trio
 
 from fusevol.base.errors import FusevolError
 from fusevol.csi import state
-from fusevol.csi.attributes import DRIVER, Code, CsiError, PodIdentity, Publication, parse
-from fusevol.model import (
-    Kind,
-    ObjectKey,
-    Pod,
-    ProjectedVolumeSource,
-    ResourceVersion,
-    ServiceAccountToken,
-    ServiceAccountTokenProjection,
-    UniqueVolumeName,
-    UnsupportedVolumeSource,
-    Volume,
-    token_key,
-)
+from fusevol.csi.attributes import DRIVER, Code, CsiError, Publication, parse
+from fusevol.csi.pods import bare_pod, known_pod, pod_of
+from fusevol.csi.tokens import delete_tokens, put_tokens, requests_tokens, token_projections
+from fusevol.csi.waiting import Waiter
+from fusevol.model import Pod, UniqueVolumeName, Volume
 from fusevol.node.layout import plugin_for
 from fusevol.volumemanager.cache.actual import MountedVolume, MountState
 from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from fusevol.volumemanager.cache.actual import ActualState
@@ -132,8 +123,9 @@ class CsiNode:
         self._store = store
         self._desired = desired
         self._actual = actual
-        self._executor = executor
-        self._volumes = volumes
+        self._waiter = Waiter(
+            desired=desired, actual=actual, executor=executor, volumes=volumes, timeout_s=timeout_s
+        )
         self._kick = kick
         self._is_mount_point = is_mount_point
         self._track: Tracker = track or _track_nothing
@@ -145,7 +137,6 @@ class CsiNode:
             else "the agent requests none: --csi-token-requests false"
         )
         self._pod_wait_s = pod_wait_s
-        self._timeout_s = timeout_s
         self._published: dict[str, Publication] = {}
         self.restored: list[MountedVolume] = []
         """The targets `restore` found still mounted (a predecessor's binds): set up again."""
@@ -169,7 +160,13 @@ class CsiNode:
             kubelet_dir=self.kubelet_dir,
         )
         async with self._locks[volume_id]:
-            pod = await self._pod_of(publication)
+            pod = await pod_of(
+                publication,
+                store=self._store,
+                wait_s=self._pod_wait_s,
+                node_name=self.node_name,
+                source_name=self._source_name,
+            )
             known = self._published.get(volume_id)  # (2)
             if known is not None and _record(known) != _record(publication):
                 raise CsiError(
@@ -183,7 +180,9 @@ class CsiNode:
                         Code.ALREADY_EXISTS,
                         f"target {target_path} is published for volume {other.volume_id}",
                     )
-            request_tokens = self._check_tokens(publication)
+            request_tokens = requests_tokens(
+                publication, can_request=self._can_request_tokens, no_tokens=self._no_tokens
+            )
             name = _unique_name(volume_id)
             try:
                 refusal = await self._track(
@@ -200,14 +199,14 @@ class CsiNode:
                     await self._forget(publication)
                 raise CsiError(Code.PERMISSION_DENIED, f"{refusal}: publish refused")
             if not request_tokens:
-                self._put_tokens(publication, pod)
+                put_tokens(self._store, publication, pod)  # (3)
             self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
             if known is None:
                 self._published[volume_id] = publication
                 await self._save()
             self._kick()
             try:
-                await self._wait_served(name)  # (5)
+                await self._waiter.wait_served(name)  # (5)
             except CsiError as exc:
                 if known is None and exc.code is not Code.DEADLINE_EXCEEDED:
                     await self._forget(publication)
@@ -231,7 +230,7 @@ class CsiNode:
             name = _unique_name(volume_id)
             self._desired.delete_csi(name)
             self._kick()
-            await self._wait_torn_down(name)
+            await self._waiter.wait_torn_down(name)
             await self._forget(publication)
         self._locks.pop(volume_id, None)
         log.info("csi volume unpublished volume=%s target=%s", volume_id, target_path)
@@ -254,9 +253,9 @@ class CsiNode:
                 log.error("recorded csi volume dropped volume=%s error=%s", record.volume_id, error)
                 continue
             name = _unique_name(record.volume_id)
-            pod = self._known_pod(publication.pod) or _bare_pod(publication.pod)
+            pod = known_pod(self._store, publication.pod) or bare_pod(publication.pod)
             # Tokens are never recorded: requested, if the source can, until kubelet republishes.
-            tokens = self._can_request_tokens and bool(_token_projections(publication))
+            tokens = self._can_request_tokens and bool(token_projections(publication))
             try:
                 if refusal := await self._track(name, pod, publication.volume, tokens=tokens):
                     log.info(
@@ -268,7 +267,7 @@ class CsiNode:
         # No checkpoint from here to the kick: a reconciler pass must never see a target in the
         # actual state that is not in the desired state yet (it would tear it down).
         for publication in restored:
-            pod = self._known_pod(publication.pod) or _bare_pod(publication.pod)
+            pod = known_pod(self._store, publication.pod) or bare_pod(publication.pod)
             name = _unique_name(publication.volume_id)
             plugin = plugin_for(publication.volume.source)
             if plugin is not None and self._is_mount_point(publication.target):
@@ -295,69 +294,12 @@ class CsiNode:
 
     # -- steps -------------------------------------------------------------------------------------
 
-    async def _pod_of(self, publication: Publication) -> Pod:
-        """(1) The pod the request names, as the source knows it, or PERMISSION_DENIED."""
-        identity = publication.pod
-        with trio.move_on_after(self._pod_wait_s):
-            while self._known_pod(identity) is None:
-                await self._store.wait_changed(self._store.generation)
-        pod = self._store.get(ObjectKey(Kind.POD, identity.namespace, identity.name), Pod)
-        who = f"pod {identity.namespace}/{identity.name}"
-        if pod is None:
-            reason = f"is not a pod of node {self.node_name} known to the {self._source_name}"
-        elif pod.uid != identity.uid:
-            reason = f"has uid {pod.uid}, not {identity.uid}"
-        elif pod.service_account_name != identity.service_account:
-            reason = (
-                f"runs as service account {pod.service_account_name!r}, "
-                f"not {identity.service_account!r}"
-            )
-        elif not any(
-            volume.name == publication.volume.name
-            and isinstance(volume.source, UnsupportedVolumeSource)
-            and volume.source.type_name == "csi"
-            for volume in pod.volumes
-        ):
-            reason = f"has no csi volume {publication.volume.name!r}"
-        else:
-            return pod
-        raise CsiError(Code.PERMISSION_DENIED, f"{who} {reason}: publish refused")
-
-    def _known_pod(self, identity: PodIdentity) -> Pod | None:
-        pod = self._store.get(ObjectKey(Kind.POD, identity.namespace, identity.name), Pod)
-        return pod if pod is not None and pod.uid == identity.uid else None
-
-    def _check_tokens(self, publication: Publication) -> bool:
-        """True if the volume's tokens are to be requested by the source: kubelet passed not
-        all of them (the CSIDriver's tokenRequests lack an audience); without an API source
-        that is FAILED_PRECONDITION."""
-        for projection in _token_projections(publication):
-            if projection.audience not in publication.tokens:
-                if self._can_request_tokens:
-                    return True
-                raise CsiError(
-                    Code.FAILED_PRECONDITION,
-                    f"serviceAccountToken {projection.path!r}: no token for audience "
-                    f"{projection.audience!r} in csi.storage.k8s.io/serviceAccount.tokens: list "
-                    f"it in the tokenRequests of the CSIDriver {DRIVER} ({self._no_tokens})",
-                )
-        return False
-
-    def _put_tokens(self, publication: Publication, pod: Pod) -> None:
-        """(3) kubelet's tokens, where the projection's renderer looks for them."""
-        for projection in _token_projections(publication):
-            token = publication.tokens[projection.audience]
-            key = token_key(pod, projection)
-            version = ResourceVersion(hashlib.sha256(token).hexdigest()[:16])
-            self._store.upsert(ServiceAccountToken(key.namespace, key.name, version, token))
-
     async def _forget(self, publication: Publication) -> None:
         name = _unique_name(publication.volume_id)
         self._desired.delete_csi(name)
         self._published.pop(publication.volume_id, None)
-        pod = _bare_pod(publication.pod)
-        for projection in _token_projections(publication):
-            self._store.delete(token_key(pod, projection))
+        pod = bare_pod(publication.pod)
+        delete_tokens(self._store, publication, pod)
         await self._track(name, pod, None)
         await self._save()
 
@@ -375,77 +317,6 @@ class CsiNode:
             await trio.to_thread.run_sync(state.save, self._state_path, records)
             self._saved = newest
 
-    async def _wait_served(self, name: UniqueVolumeName) -> None:
-        """(5) Until the reconciler has set the volume up with its current inputs; its error if
-        an operation of it failed with them while we waited (or failed before and waits for its
-        retry)."""
-        status = self._executor.status(name)
-        failures, ended = (status.failures, status.ended) if status is not None else (0, 0)
-        with trio.move_on_after(self._timeout_s):
-            while True:
-                since = self._executor.finished, self._actual.generation, self._desired.generation
-                volume = self._desired.get(name)
-                if volume is not None and not self._executor.is_pending(name):
-                    inputs = self._volumes.inputs(volume)
-                    mounted = self._actual.get(name)
-                    if (
-                        mounted is not None
-                        and mounted.state is MountState.MOUNTED
-                        and mounted.inputs == inputs
-                    ):
-                        return
-                    status = self._executor.status(name)
-                    if (
-                        status is not None
-                        and status.last_error
-                        and status.failed_inputs == inputs
-                        and (
-                            status.ended != ended
-                            or status.failures != failures
-                            or trio.current_time() < status.retry_at
-                        )
-                    ):
-                        raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await self._changed(*since)
-        raise CsiError(
-            Code.DEADLINE_EXCEEDED, f"volume not set up within {self._timeout_s:g}s, still trying"
-        )
-
-    async def _wait_torn_down(self, name: UniqueVolumeName) -> None:
-        with trio.move_on_after(self._timeout_s):
-            while True:
-                since = self._executor.finished, self._actual.generation, self._desired.generation
-                pending = self._executor.is_pending(name)
-                if not pending and self._actual.get(name) is None:
-                    return
-                status = self._executor.status(name)
-                if (
-                    not pending
-                    and status is not None
-                    and status.operation == "unmount"
-                    and status.last_error
-                ):
-                    raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await self._changed(*since)
-        raise CsiError(
-            Code.DEADLINE_EXCEEDED,
-            f"volume not torn down within {self._timeout_s:g}s, still trying",
-        )
-
-    async def _changed(self, finished: int, actual: int, desired: int) -> None:
-        """Until, after these readings, an operation ends, the actual state changes (a volume of
-        a shared subtree is marked refreshed without an operation of its own) or the desired
-        state does (the populator resolved a volume, with nothing to do for it)."""
-        async with trio.open_nursery() as nursery:
-
-            async def until(wait: Callable[[int], Awaitable[None]], since: int) -> None:
-                await wait(since)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(until, self._executor.wait_finished, finished)
-            nursery.start_soon(until, self._actual.wait_changed, actual)
-            nursery.start_soon(until, self._desired.wait_changed, desired)
-
 
 def _unique_name(volume_id: str) -> UniqueVolumeName:
     """kubelet's unique name of a CSI volume: `kubernetes.io/csi/<driver>^<handle>`."""
@@ -461,21 +332,3 @@ def _record(publication: Publication) -> state.Record:
     return state.Record(
         publication.volume_id, str(publication.target), dict(publication.attributes), group
     )
-
-
-def _bare_pod(identity: PodIdentity) -> Pod:
-    """A pod known only by what kubelet said of it (its source has not delivered it)."""
-    return Pod(
-        identity.uid,
-        identity.namespace,
-        identity.name,
-        ResourceVersion(""),
-        service_account_name=identity.service_account,
-    )
-
-
-def _token_projections(publication: Publication) -> list[ServiceAccountTokenProjection]:
-    source = publication.volume.source
-    if not isinstance(source, ProjectedVolumeSource):
-        return []
-    return [p for p in source.sources if isinstance(p, ServiceAccountTokenProjection)]
