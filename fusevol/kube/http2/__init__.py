@@ -20,6 +20,7 @@ Runs on the trio thread only; a connection's tasks are trio system tasks, so tha
 any task of the agent (the sources, the reconciler's provisioner, the CSI plugin) whatever
 nursery it runs in.
 
-Excludes: what is sent (`client`: paths, JSON, authentication); HTTP/1.1 (the API server speaks
-HTTP/2 to every client that offers it; `kubectl proxy` does not, and is not supported).
+Excludes: what is sent (`client`: paths and JSON; `transport`: authentication); HTTP/1.1 (the
+API server speaks HTTP/2 to every client that offers it; `kubectl proxy` does not, and is not
+supported).
 """

@@ -5,7 +5,7 @@
           │               retryable
           └── Unreachable no connection could be made, and none is open: nothing was sent
 
-Excludes: the HTTP status of an answer that came (`client` reads it).
+Excludes: the HTTP status of an answer that came (`fusevol.kube.transport` reads it).
 """
 
 from __future__ import annotations
