@@ -161,6 +161,8 @@ class Components:
             store=self.store,
             tree=self.tree,
             operations=self.operations,
+            executor=self.executor,
+            ready=self.readiness.reconciled,
             frozen=self.frozen.gauges,
             api=built.api,
         )

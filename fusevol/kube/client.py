@@ -224,6 +224,7 @@ class KubeClient(Transport):
                         "GET", RESOURCES[kind].path(namespace), query, None, ""
                     )
         except trio.TooSlowError:
+            self._unanswered("GET")
             raise ApiUnavailable(
                 f"{self.host}: watch {query['fieldSelector']}: no answer"
             ) from None

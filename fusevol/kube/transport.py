@@ -5,7 +5,9 @@ Made from the client configuration (`configuration`): the server's address, HTTP
 (`credentials`). Requests are awaited on the trio thread, every one a stream of the same
 connection, so a thousand watches cost one connection and no thread; at most REQUESTS_IN_FLIGHT
 are sent and unanswered at once. A failure is one of `errors`: an error Status `ApiError`, no
-answer `ApiUnavailable`, no connection `ApiUnreachable`; nothing is retried here.
+answer `ApiUnavailable`, no connection `ApiUnreachable`; nothing is retried here. Every request
+is counted by its method and the status code of its answer, as client-go counts them for
+`rest_client_requests_total` (`statistics().responses`).
 
 Authentication is a seam: a `Transport` authenticates with the configuration's bearer token or
 client certificate (in its TLS context: a node's kubelet credentials, whose file kubelet rotates,
@@ -19,6 +21,7 @@ itself (`http2`).
 
 from __future__ import annotations
 
+import collections
 import functools
 import urllib.parse
 from dataclasses import dataclass
@@ -46,6 +49,9 @@ CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
 """For lists, gets and posts, and for a watch to start (its response headers); an open watch
 lasts until the server ends it, and a dead connection is found by its PINGs (`http2`)."""
+UNANSWERED = "<error>"
+"""The code of a request that got no answer (no connection, or it was lost before the headers),
+as client-go counts it."""
 REQUESTS_IN_FLIGHT = 64
 """Requests sent and not yet answered (a watch: until its headers), at most: thousands of
 watches opened at once are a queue, not a burst that the server's priority and fairness would
@@ -81,6 +87,9 @@ class Transport:
             self._bearer_pool = pool(ssl_context=ssl_context(config, client_certificate=False))
         self._credentials: Credentials = ConfiguredCredentials(config)
         self._in_flight = trio.Semaphore(REQUESTS_IN_FLIGHT)
+        self._responses: collections.Counter[tuple[str, str]] = collections.Counter()
+        """Answers by (method, status code), `UNANSWERED` for none: client-go's
+        `rest_client_requests_total`. One counter for this client and those made from it."""
 
     def with_token(self, token: str) -> Self:
         """A client for the same server and connections that authenticates as `token`'s
@@ -107,6 +116,10 @@ class Transport:
             connections_made=self._pool.connections_made,
             streams=self._pool.streams(),
             requests=sum(pool.requests for pool in {self._pool, self._bearer_pool}),
+            host=self._authority.decode(),
+            responses=tuple(
+                (method, code, n) for (method, code), n in sorted(self._responses.items())
+            ),
         )
 
     def close(self) -> None:
@@ -125,6 +138,7 @@ class Transport:
         accept: bytes = b"application/json",
     ) -> bytes:
         """One request and its whole answer, within REQUEST_TIMEOUT_S."""
+        response: Response | None = None
         try:
             async with self._in_flight:
                 with trio.fail_after(REQUEST_TIMEOUT_S):
@@ -138,7 +152,13 @@ class Transport:
                     finally:
                         response.close()
         except trio.TooSlowError:
+            if response is None:
+                self._unanswered(method)
             raise ApiUnavailable(f"{self.host}: {method} {path}: timed out") from None
+
+    def _unanswered(self, method: str) -> None:
+        """A request of `method` got no answer in time (`responses`)."""
+        self._responses[method, UNANSWERED] += 1
 
     async def _send(
         self,
@@ -172,6 +192,7 @@ class Transport:
             ]
         try:
             response = await self._pool.request(headers, data)
+            self._responses[method, str(response.status)] += 1
             if response.status < 400:
                 return response
             try:
@@ -179,8 +200,10 @@ class Transport:
             finally:
                 response.close()
         except Unreachable as exc:
+            self._unanswered(method)
             raise ApiUnreachable(str(exc)) from None
         except ConnectionLost as exc:
+            self._unanswered(method)
             raise ApiUnavailable(str(exc), said=exc.said) from None
         raise api_error(response.status, text)
 
@@ -195,6 +218,11 @@ class ClientStatistics:
     """Requests and watches open now."""
     requests: int = 0
     """Since the start (watches included)."""
+    host: str = ""
+    """The API server's host[:port]."""
+    responses: tuple[tuple[str, str, int], ...] = ()
+    """Answers since the start by method and status code (`UNANSWERED`: none came):
+    (method, code, count)."""
 
 
 _USER_AGENT = f"fusevol/{fusevol.__version__}".encode()

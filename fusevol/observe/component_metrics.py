@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from fusevol.volumemanager.cache.actual import ActualState
     from fusevol.volumemanager.cache.desired import DesiredState
     from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.reconciler.executor import Executor
 
 _OPERATION_NAMES = {"unmount": "volume_unmount", "provision": "provision", "reclaim": "delete"}
 """fusevol's operations by the names kubelet and the PV controller give theirs in
@@ -32,12 +33,15 @@ def register(
     store: ObjectStore,
     tree: Tree,
     operations: Operations,
+    executor: Executor,
+    ready: Callable[[], bool] = lambda: False,
     frozen: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
     api: Callable[[], ClientStatistics] | None = None,
 ) -> None:
     """Add the gauges and counters that are read from the components on every scrape;
-    `frozen()`: `fusevol_frozen_volumes` (`fusevol.observe.frozen`); `api()`: the API client's
-    connections and streams (with the API source)."""
+    `ready()`: what `/readyz` answers; `frozen()`: `fusevol_frozen_volumes`
+    (`fusevol.observe.frozen`); `api()`: the API client's connections, streams and answers (with
+    the API source)."""
 
     def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
         for state, names in (
@@ -52,6 +56,20 @@ def register(
         "Volumes in the desired and actual state of world",
         ["plugin_name", "state"],
         volumes_by_state,
+    )
+    metrics.add_gauge(
+        "fusevol_ready",
+        "1 once the agent is ready (/readyz answers 200): its source was read completely and a"
+        " reconciler pass acted on it",
+        [],
+        lambda: [({}, float(ready()))],
+    )
+    metrics.add_gauge(
+        "fusevol_volume_failures",
+        "Pod volumes whose last operation failed, by pod: how many times in a row (kept until"
+        " one succeeds); operation mount (set-up) or refresh (update)",
+        ["namespace", "pod", "volume", "operation"],
+        lambda: failing_volumes(desired, executor),
     )
     metrics.add_gauge(
         "fusevol_frozen_volumes",
@@ -79,6 +97,13 @@ def register(
         lambda: (({"kind": kind}, n) for kind, n in store.statistics().objects_by_kind.items()),
     )
     metrics.add_gauge(
+        "fusevol_object_data_bytes",
+        "Bytes of the ConfigMaps' and Secrets' keys and values held: the least the agent's"
+        " memory must hold for its objects",
+        [],
+        lambda: [({}, store.statistics().data_bytes)],
+    )
+    metrics.add_gauge(
         "fusevol_fuse_inodes",
         "Inodes of the FUSE file system (reachable or still known to the kernel)",
         [],
@@ -103,6 +128,39 @@ def register(
             [],
             lambda: [({}, api().streams)],
         )
+
+        def responses() -> Iterable[tuple[dict[str, str], float]]:
+            stats = api()
+            for method, code, n in stats.responses:
+                yield {"code": code, "host": stats.host, "method": method}, n
+
+        metrics.add_counter(
+            "rest_client_requests",
+            "Requests to the API server, by method and status code (<error>: no answer), as"
+            " client-go counts them",
+            ["code", "host", "method"],
+            responses,
+        )
+
+
+def failing_volumes(
+    desired: DesiredState, executor: Executor
+) -> list[tuple[dict[str, str], float]]:
+    """`fusevol_volume_failures`: each wanted pod volume whose last operation failed, with the
+    failures in a row (the executor keeps them until an operation succeeds)."""
+    out = []
+    for volume in desired.volumes_to_serve():
+        status = executor.status(volume.name)
+        if status is None or not status.failures:
+            continue
+        labels = {
+            "namespace": volume.pod.namespace,
+            "pod": volume.pod.name,
+            "volume": volume.spec_name or volume.volume.name,
+            "operation": status.operation,
+        }
+        out.append((labels, float(status.failures)))
+    return out
 
 
 def operation_observer(

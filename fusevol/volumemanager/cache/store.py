@@ -39,7 +39,7 @@ from fusevol.model import (
 from fusevol.volumemanager.cache.changes import Changes
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Iterable, Mapping
 
 _T = TypeVar(
     "_T",
@@ -58,6 +58,8 @@ class StoreStatistics:
     objects_by_kind: dict[str, int]
     generation: int
     synced: bool
+    data_bytes: int = 0
+    """The ConfigMaps' and Secrets' keys and values held, in bytes (`data_bytes`)."""
 
 
 class ObjectStore:
@@ -69,6 +71,8 @@ class ObjectStore:
         changed since a generation are read from its end (`changed_since`)."""
         self._changes = Changes()
         self._synced = trio.Event()
+        self._data_bytes = 0
+        """`data_bytes()` of every object held, kept as they come and go."""
 
     # -- verbs used by sources ---------------------------------------------------------------------
 
@@ -78,17 +82,21 @@ class ObjectStore:
         objects, not one made for each table)."""
         if key is None:
             key = obj.key  # one key object for the three tables
-        if self._objects.get(key) == obj:
+        old = self._objects.get(key)
+        if old == obj:
             return False
         self._objects[key] = obj
+        self._data_bytes += data_bytes(obj) - (data_bytes(old) if old is not None else 0)
         self._changed_at[key] = time.monotonic()
         self._bump(key)
         return True
 
     def delete(self, key: ObjectKey) -> bool:
         """Forget the object at `key`. No-op (False) if there is none."""
-        if self._objects.pop(key, None) is None:
+        old = self._objects.pop(key, None)
+        if old is None:
             return False
+        self._data_bytes -= data_bytes(old)
         self._changed_at.pop(key, None)  # else every pod ever seen would stay here
         self._bump(key)
         return True
@@ -143,7 +151,7 @@ class ObjectStore:
         # (3000 pods), read at every scrape of /metrics.
         counts = collections.Counter(key.kind for key in self._objects)
         by_kind = {kind.value: n for kind, n in counts.items()}
-        return StoreStatistics(by_kind, self._changes.value, self.synced)
+        return StoreStatistics(by_kind, self._changes.value, self.synced, self._data_bytes)
 
     def changed_since(self, generation: int) -> tuple[ObjectKey, ...]:
         """The keys of the objects added or changed after `generation` (and not deleted since),
@@ -158,3 +166,16 @@ class ObjectStore:
             self._changed_in.pop(key, None)  # moved to the end: the newest change
             if key in self._objects:
                 self._changed_in[key] = self._changes.value
+
+
+def data_bytes(obj: KubeObject) -> int:
+    """What a ConfigMap's or Secret's data weighs: its keys (UTF-8) and values, in bytes; 0 for
+    any other object. What the agent must hold for it at least (`fusevol_object_data_bytes`)."""
+    maps: tuple[Mapping[str, bytes], ...]
+    if isinstance(obj, ConfigMap):
+        maps = (obj.data, obj.binary_data)
+    elif isinstance(obj, Secret):
+        maps = (obj.data,)
+    else:
+        return 0
+    return sum(len(key.encode()) + len(value) for data in maps for key, value in data.items())
