@@ -31,6 +31,7 @@ log = logging.getLogger(__name__)
 
 API_VERSION = "admission.k8s.io/v1"
 WARNING_PREFIX = "fusevol.io: "
+INTERNAL_ERROR = "internal error of the webhook: admitted unchanged"
 MAX_WARNING_CHARS = 256
 """Warnings longer than this "may be truncated" by the API server (AdmissionResponse docs)."""
 _POD = {"group": "", "version": "v1", "kind": "Pod"}
@@ -47,13 +48,15 @@ class Answer:
     body: bytes
     pod: str = ""
     conversion: Conversion = field(default_factory=Conversion)
+    failed: bool = False
+    """The conversion met an internal error: the pod is admitted unchanged."""
 
 
 def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) -> Answer:
     """Answer the AdmissionReview in `body` (module docstring); BadReview if it is none."""
     request = _request(body)
     uid = request["uid"]
-    pod, conversion = "", Conversion()
+    pod, conversion, failed = "", Conversion(), False
     if (
         request.get("kind") == _POD
         and request.get("operation") == "CREATE"
@@ -67,7 +70,9 @@ def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) 
             namespace = namespace if isinstance(namespace, str) and namespace else "default"
         pod = f"{namespace}/{_name(obj)}"
         if namespace not in excluded_namespaces:
-            conversion = _convert(obj, namespace, driver, pod)
+            converted = _convert(obj, namespace, driver, pod)
+            failed = converted is None
+            conversion = converted or Conversion(warnings=(INTERNAL_ERROR,))
     response: dict[str, Any] = {"uid": uid, "allowed": True}
     if conversion.patch:
         response["patchType"] = "JSONPatch"
@@ -75,7 +80,7 @@ def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) 
     if conversion.warnings:
         response["warnings"] = [_warning(text) for text in conversion.warnings]
     answer = {"apiVersion": API_VERSION, "kind": "AdmissionReview", "response": response}
-    return Answer(json.dumps(answer).encode(), pod, conversion)
+    return Answer(json.dumps(answer).encode(), pod, conversion, failed)
 
 
 def _request(body: bytes) -> dict[str, Any]:
@@ -95,12 +100,13 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _convert(obj: Any, namespace: str, driver: Driver, pod: str) -> Conversion:
+def _convert(obj: Any, namespace: str, driver: Driver, pod: str) -> Conversion | None:
+    """The pod's conversion, or None after an internal error (logged)."""
     try:
         return convert_pod(obj, namespace=namespace, driver=driver)
     except Exception:  # a bug of ours must not hold up a pod: admitted as it is
         log.exception("conversion failed, pod admitted unchanged pod=%s", pod)
-        return Conversion(warnings=("internal error of the webhook: admitted unchanged",))
+        return None
 
 
 def _name(obj: Any) -> str:

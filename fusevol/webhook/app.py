@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
 
+from fusevol.observe.metrics import WebhookMetrics
 from fusevol.webhook import cluster
 from fusevol.webhook.admission import review
 from fusevol.webhook.server import Certificate, WebhookServer
@@ -58,6 +59,7 @@ def serve(settings: WebhookSettings) -> int:
             body, driver=watch.driver(), excluded_namespaces=settings.excluded_namespaces
         ),
         ready=lambda: watch.listed.is_set() and not stopping.is_set(),
+        metrics=WebhookMetrics(),
     )
 
     def stop(delay_s: float, signum: int, frame: FrameType | None) -> None:

@@ -1,4 +1,5 @@
-"""The webhook's HTTPS server: `POST /mutate` (AdmissionReview), `GET /healthz`, `GET /readyz`.
+"""The webhook's HTTPS server: `POST /mutate` (AdmissionReview), `GET /healthz`, `GET /readyz`,
+`GET /metrics`.
 
 The standard library's threading HTTP/1.1 server (keep-alive, one thread per connection), over
 TLS made in the connection's own thread: a client that is slow to shake hands holds up only
@@ -12,6 +13,9 @@ at most 1.5 MB in etcd).
                     body that is no AdmissionReview
     GET  /healthz   200 "ok" while the server answers
     GET  /readyz    200 once the CSIDriver has been read (`ready`), else 503
+    GET  /metrics   Prometheus text format (`fusevol.observe.metrics.WebhookMetrics`): answers
+                    by code, conversions by result, how long answers took; open to any caller,
+                    like the probes (counts only, no pod's name), over the same TLS
 
 Excludes: what is answered (`fusevol.webhook.admission`).
 """
@@ -34,6 +38,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
+    from fusevol.observe.metrics import WebhookMetrics
     from fusevol.webhook.admission import Answer
 
 log = logging.getLogger(__name__)
@@ -98,7 +103,10 @@ class WebhookServer(http.server.ThreadingHTTPServer):
         certificate: Certificate,
         review: Callable[[bytes], Answer],
         ready: Callable[[], bool],
+        metrics: WebhookMetrics | None = None,
     ) -> None:
+        """`metrics`: what `/metrics` shows, counted as requests are answered (None: no
+        `/metrics`, 404)."""
         self.address_family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
         try:
             super().__init__(address, _Handler)
@@ -107,6 +115,7 @@ class WebhookServer(http.server.ThreadingHTTPServer):
         self.certificate = certificate
         self.review = review
         self.ready = ready
+        self.metrics = metrics
 
     @property
     def port(self) -> int:
@@ -140,6 +149,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         elif self.path == "/readyz":
             ready = self.server.ready()
             self._send(200 if ready else 503, b"ok" if ready else b"not ready", "text/plain")
+        elif self.path == "/metrics" and (metrics := self.server.metrics) is not None:
+            self._send(200, metrics.render(), "text/plain; version=0.0.4; charset=utf-8")
         else:
             self._send(404, b"not found", "text/plain")
 
@@ -164,6 +175,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(400, str(exc).encode(), "text/plain")
             return
         self._send(200, answer.body, "application/json")
+        if (metrics := self.server.metrics) is not None:
+            metrics.admission_duration.observe(time.perf_counter() - started)
+            result = "failed" if answer.failed else "converted" if answer.conversion.patch else ""
+            metrics.conversions.labels(result or "unchanged").inc()
         conversion = answer.conversion
         if answer.pod and (conversion.converted or conversion.not_converted):
             log.info(
@@ -175,6 +190,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             )
 
     def _send(self, status: int, body: bytes, content_type: str) -> None:
+        if self.server.metrics is not None and self.path != "/metrics":
+            self.server.metrics.requests.labels(str(status)).inc()
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))

@@ -14,8 +14,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.base.errors import FusevolError
+from fusevol.observe.metrics import WebhookMetrics
+from fusevol.webhook import admission
 from fusevol.webhook.admission import review
 from fusevol.webhook.server import Certificate, WebhookServer
 from tests.webhook.test_admission import admission_review
@@ -68,6 +71,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
         certificate=Certificate(cert, key),
         review=lambda body: review(body, driver=EVERY_TOKEN, excluded_namespaces=frozenset()),
         ready=lambda: holder["running"].ready,
+        metrics=WebhookMetrics(),
     )
     holder["running"] = running = Running(server, cert, key)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05})
@@ -98,12 +102,46 @@ def test_health_readiness_and_refusals(running: Running, caplog: pytest.LogCaptu
     assert running.request("GET", "/readyz") == (503, b"not ready")
     running.ready = True
     assert running.request("GET", "/readyz") == (200, b"ok")
-    assert running.request("GET", "/metrics")[0] == 404
+    assert running.request("GET", "/nope")[0] == 404
     assert running.request("POST", "/validate", b"{}")[0] == 404
     status, body = running.request("POST", "/mutate", b'{"kind": "AdmissionReview"}')
     assert (status, body) == (400, b"the body is not an AdmissionReview admission.k8s.io/v1")
     assert "bad admission review peer=127.0.0.1" in caplog.text
     caplog.clear()
+
+
+def metric_samples(running: Running) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """The samples of the webhook's `/metrics`: (name, labels) -> value."""
+    status, body = running.request("GET", "/metrics")
+    assert status == 200
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+def test_metrics_count_answers_conversions_and_their_time(
+    running: Running, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """What the chart's alerts and dashboard read of the webhook: every answer by its code, every
+    review by what became of the pod, and how long an answer took."""
+    running.request("POST", "/mutate", body=admission_review(_pod(CONFIG)))  # converted
+    running.request("POST", "/mutate", body=admission_review(_pod()))  # nothing to convert
+    running.request("POST", "/mutate", b'{"kind": "AdmissionReview"}')  # 400
+    caplog.clear()
+    monkeypatch.setattr(admission, "convert_pod", lambda *_, **__: 1 / 0)
+    running.request("POST", "/mutate", body=admission_review(_pod(CONFIG)))  # failed: unchanged
+    assert "conversion failed, pod admitted unchanged" in caplog.text
+    caplog.clear()
+
+    samples = metric_samples(running)
+    assert samples[("fusevol_webhook_requests_total", (("code", "200"),))] == 3
+    assert samples[("fusevol_webhook_requests_total", (("code", "400"),))] == 1
+    for result, count in (("converted", 1), ("unchanged", 1), ("failed", 1)):
+        assert samples[("fusevol_webhook_conversions_total", (("result", result),))] == count
+    assert samples[("fusevol_webhook_admission_duration_seconds_count", ())] == 3
+    assert samples[("process_resident_memory_bytes", ())] > 0
 
 
 def test_a_client_that_never_shakes_hands_holds_up_no_one(running: Running) -> None:
