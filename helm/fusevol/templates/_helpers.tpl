@@ -122,3 +122,103 @@ audience (""), the token a CSI volume's objects are read with, unless listed alr
 {{- end }}
 {{- toYaml $requests }}
 {{- end }}
+
+{{/* The ServiceAccount that scrapes the agents with metrics.scrapeAuth serviceAccount. */}}
+{{- define "fusevol.metricsReader" -}}
+{{- printf "%s-metrics-reader" (include "fusevol.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Whether Prometheus can scrape the agents, checked: they must listen where it reaches them, and
+answer it (with the manifests source they have no API server to check its token with).
+*/}}
+{{- define "fusevol.checkScrape" -}}
+{{- $host := .Values.httpHost }}
+{{- if or (hasPrefix "127." $host) (eq $host "::1") (eq $host "localhost") }}
+{{- fail (printf "metrics.serviceMonitor, metrics.podMonitor: the agents listen on httpHost %s, where Prometheus cannot reach them: set httpHost \"\" (the pod's IP)" $host) }}
+{{- end }}
+{{- if and (not .Values.source.kubernetes) (eq .Values.httpAuth "kubernetes") }}
+{{- fail "metrics.serviceMonitor, metrics.podMonitor: with the manifests source the agents answer /metrics to root on the node only (no API server to check a token with): set httpAuth none, or use source.kubernetes" }}
+{{- end }}
+{{- end }}
+
+{{/*
+One endpoint of the agents' ServiceMonitor or PodMonitor, after its port: (dict "root" $
+"monitor" <its values> "address" <true: a PodMonitor's, the target's address made from the
+pod's IP and httpPort>). The bearer token of metrics.scrapeAuth when httpAuth is kubernetes.
+*/}}
+{{- define "fusevol.agentEndpoint" -}}
+{{- $ := .root }}
+path: /metrics
+scheme: http
+interval: {{ .monitor.interval }}
+scrapeTimeout: {{ .monitor.scrapeTimeout }}
+honorLabels: true
+{{- if eq $.Values.httpAuth "kubernetes" }}
+{{- if eq $.Values.metrics.scrapeAuth "serviceAccount" }}
+authorization:
+  type: Bearer
+  credentials:
+    name: {{ include "fusevol.metricsReader" $ }}-token
+    key: token
+{{- else if .address }}
+{{- fail "metrics.podMonitor: a PodMonitor cannot send Prometheus' own token (bearerTokenFile is a ServiceMonitor's only): set metrics.scrapeAuth serviceAccount" }}
+{{- else }}
+bearerTokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token
+{{- end }}
+{{- end }}
+relabelings:
+  {{- if .address }}
+  - sourceLabels: [__meta_kubernetes_pod_ip]
+    regex: "([^:]+)"
+    targetLabel: __address__
+    replacement: "${1}:{{ $.Values.httpPort }}"
+  - sourceLabels: [__meta_kubernetes_pod_ip]
+    regex: "(.+:.+)"
+    targetLabel: __address__
+    replacement: "[${1}]:{{ $.Values.httpPort }}"
+  {{- end }}
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
+  - targetLabel: job
+    replacement: fusevol
+  {{- with .monitor.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
+
+{{/*
+One endpoint of the webhook's ServiceMonitor or PodMonitor, after its port: its /metrics (open,
+like its probes) over its TLS, checked with the CA of its certificate's Secret.
+*/}}
+{{- define "fusevol.webhookEndpoint" -}}
+{{- $ := .root }}
+{{- $name := include "fusevol.webhookName" $ }}
+path: /metrics
+scheme: https
+interval: {{ .monitor.interval }}
+scrapeTimeout: {{ .monitor.scrapeTimeout }}
+honorLabels: true
+tlsConfig:
+  serverName: {{ printf "%s.%s.svc" $name $.Release.Namespace }}
+  ca:
+    secret:
+      name: {{ $name }}-tls
+      key: ca.crt
+relabelings:
+  - sourceLabels: [__meta_kubernetes_pod_node_name]
+    targetLabel: node
+  - targetLabel: job
+    replacement: fusevol-webhook
+  {{- with .monitor.relabelings }}
+  {{- toYaml . | nindent 2 }}
+  {{- end }}
+{{- with .monitor.metricRelabelings }}
+metricRelabelings:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end }}
