@@ -1,7 +1,8 @@
 """What the agent shows of itself.
 
 `http` (/healthz, /readyz, /metrics and /status), `metrics` (the Prometheus registry and metric
-types, kubelet's names where kubelet has one; the only user of prometheus_client),
+types, kubelet's names where kubelet has one, and the webhook's; the only user of
+prometheus_client),
 `component_metrics` (what each component tells Prometheus, read on every scrape), `status`
 (the snapshot `fusevol status` reads, written when the reconciler is quiet), `frozen` (frozen
 volumes named in the status, the metrics and a Warning event), `auth` (who may read /metrics

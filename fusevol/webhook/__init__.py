@@ -5,7 +5,8 @@ have served them, and `fusevol convert`, which shows it on a manifest.
     convert.py    one pod -> its JSON Patch and report: which volumes, and why not the others
     admission.py  an AdmissionReview -> its answer; every pod is allowed
     cluster.py    the CSIDriver fusevol.io, listed and watched (the one `import kubernetes`)
-    server.py     HTTPS: /mutate, /healthz, /readyz; the certificate reloaded when it changes
+    server.py     HTTPS: /mutate, /healthz, /readyz, /metrics; the certificate reloaded when it
+                  changes
     app.py        the webhook's process: the watch, the server, the signals
     manifests.py  `fusevol convert`: the pods and pod templates of a manifest, converted
 
