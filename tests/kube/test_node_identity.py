@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.kube.client import KubeClient
 from fusevol.kube.errors import ApiError
@@ -174,6 +175,14 @@ def test_the_objects_and_tokens_of_another_nodes_pods_are_refused_and_not_retrie
         # The pod's FailedMount event says why, not merely "not found".
         events = [e for e in api.events.values() if e["reason"] == "FailedMount"]
         assert any(refusal in e["message"] for e in events), events
+        # And /metrics counts the refusals, as client-go does (alert FusevolAPIRequestsRefused).
+        refused = [
+            sample
+            for family in text_string_to_metric_families(agent.http_get("/metrics")[1])
+            for sample in family.samples
+            if sample.name == "rest_client_requests_total" and sample.labels["code"] == "403"
+        ]
+        assert sum(sample.value for sample in refused) >= reads, refused
 
 
 @pytest.mark.parametrize(
