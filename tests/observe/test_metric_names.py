@@ -97,6 +97,7 @@ def pod(volumes: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+@pytest.mark.fuse
 @pytest.mark.skipif(not HAS_FUSE, reason="needs root and /dev/fuse")
 def test_every_queried_name_is_in_the_metrics_of_a_running_agent_and_webhook(
     tmp_path: Path, webhook: Running
