@@ -4,9 +4,9 @@ composition root that constructs (fusevol.agent.app starts and stops what it bui
 Each component is handed, when it is built, the components it depends on, all built before it.
 Where one must reach a component built after it (the frozen volumes have the status snapshot
 written again, the reconciler's passes tell readiness, the HTTP and CSI servers ask the agent's
-lifecycle), it gets a callable that looks the other up when it is called. Excludes: starting
-anything (no task, no socket; fusevol.agent.app), and when the agent is ready
-(fusevol.agent.readiness).
+lifecycle, the metrics read the CSI node's failing volumes), it gets a callable that looks the
+other up when it is called. Excludes: starting anything (no task, no socket; fusevol.agent.app),
+and when the agent is ready (fusevol.agent.readiness).
 """
 
 from __future__ import annotations
@@ -164,6 +164,7 @@ class Components:
             executor=self.executor,
             ready=self.readiness.reconciled,
             frozen=self.frozen.gauges,
+            failing=lambda: self.csi.node.failing() if self.csi is not None else [],
             api=built.api,
         )
         # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.

@@ -20,6 +20,9 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
        then holds the volume as uncertain, and unpublishes it in any case).
+A forgotten volume is in no state the reconciler reports, so the failed publishes of each are
+counted here (`failing`: `fusevol_volume_failures`, operation mount) until one succeeds, kubelet
+unpublishes it, or its pod is gone (kubelet never unpublishes a volume it never mounted).
 An unpublish removes the volume from the desired state and waits for its tear-down (the bind
 unmounted, the target removed); an unknown handle or target is a success that touches nothing.
 After a restart (`restore`), each recorded target is an UNCERTAIN actual-state entry when it is
@@ -138,6 +141,9 @@ class CsiNode:
         )
         self._pod_wait_s = pod_wait_s
         self._published: dict[str, Publication] = {}
+        self._failing: dict[str, tuple[Publication, int]] = {}
+        """volume id -> the last failed publish of a volume the desired state does not hold, and
+        how many failed in a row."""
         self.restored: list[MountedVolume] = []
         """The targets `restore` found still mounted (a predecessor's binds): set up again."""
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
@@ -160,58 +166,12 @@ class CsiNode:
             kubelet_dir=self.kubelet_dir,
         )
         async with self._locks[volume_id]:
-            pod = await pod_of(
-                publication,
-                store=self._store,
-                wait_s=self._pod_wait_s,
-                node_name=self.node_name,
-                source_name=self._source_name,
-            )
-            known = self._published.get(volume_id)  # (2)
-            if known is not None and _record(known) != _record(publication):
-                raise CsiError(
-                    Code.ALREADY_EXISTS,
-                    f"volume {volume_id} is published at {known.target} with other attributes or "
-                    "another target: unpublish it first",
-                )
-            for other in self._published.values():
-                if other.target == publication.target and other.volume_id != volume_id:
-                    raise CsiError(
-                        Code.ALREADY_EXISTS,
-                        f"target {target_path} is published for volume {other.volume_id}",
-                    )
-            request_tokens = requests_tokens(
-                publication, can_request=self._can_request_tokens, no_tokens=self._no_tokens
-            )
-            name = _unique_name(volume_id)
             try:
-                refusal = await self._track(
-                    name,
-                    pod,
-                    publication.volume,
-                    tokens=request_tokens,
-                    pod_tokens=publication.tokens,
-                )  # (3)
-            except FusevolError as exc:
-                raise CsiError(Code.UNAVAILABLE, str(exc)) from None
-            if refusal:
-                if known is None:
-                    await self._forget(publication)
-                raise CsiError(Code.PERMISSION_DENIED, f"{refusal}: publish refused")
-            if not request_tokens:
-                put_tokens(self._store, publication, pod)  # (3)
-            self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
-            if known is None:
-                self._published[volume_id] = publication
-                await self._save()
-            self._kick()
-            try:
-                await self._waiter.wait_served(name)  # (5)
-            except CsiError as exc:
-                if known is None and exc.code is not Code.DEADLINE_EXCEEDED:
-                    await self._forget(publication)
+                pod = await self._publish(publication)
+            except CsiError:
+                self._count_failure(publication)
                 raise
-            self._published[volume_id] = publication
+            self._failing.pop(volume_id, None)
         log.info(
             "csi volume published volume=%s pod=%s/%s target=%s",
             volume_id,
@@ -220,9 +180,67 @@ class CsiNode:
             target_path,
         )
 
+    async def _publish(self, publication: Publication) -> Pod:
+        """Steps 1 (the pod) to 5 of a publish, under the volume's lock."""
+        volume_id = publication.volume_id
+        pod = await pod_of(
+            publication,
+            store=self._store,
+            wait_s=self._pod_wait_s,
+            node_name=self.node_name,
+            source_name=self._source_name,
+        )
+        known = self._published.get(volume_id)  # (2)
+        if known is not None and _record(known) != _record(publication):
+            raise CsiError(
+                Code.ALREADY_EXISTS,
+                f"volume {volume_id} is published at {known.target} with other attributes or "
+                "another target: unpublish it first",
+            )
+        for other in self._published.values():
+            if other.target == publication.target and other.volume_id != volume_id:
+                raise CsiError(
+                    Code.ALREADY_EXISTS,
+                    f"target {publication.target} is published for volume {other.volume_id}",
+                )
+        request_tokens = requests_tokens(
+            publication, can_request=self._can_request_tokens, no_tokens=self._no_tokens
+        )
+        name = _unique_name(volume_id)
+        try:
+            refusal = await self._track(
+                name,
+                pod,
+                publication.volume,
+                tokens=request_tokens,
+                pod_tokens=publication.tokens,
+            )  # (3)
+        except FusevolError as exc:
+            raise CsiError(Code.UNAVAILABLE, str(exc)) from None
+        if refusal:
+            if known is None:
+                await self._forget(publication)
+            raise CsiError(Code.PERMISSION_DENIED, f"{refusal}: publish refused")
+        if not request_tokens:
+            put_tokens(self._store, publication, pod)  # (3)
+        self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
+        if known is None:
+            self._published[volume_id] = publication
+            await self._save()
+        self._kick()
+        try:
+            await self._waiter.wait_served(name)  # (5)
+        except CsiError as exc:
+            if known is None and exc.code is not Code.DEADLINE_EXCEEDED:
+                await self._forget(publication)
+            raise
+        self._published[volume_id] = publication
+        return pod
+
     async def unpublish(self, *, volume_id: str, target_path: str) -> None:
         """NodeUnpublishVolume: idempotent; an unknown handle or target is left alone."""
         async with self._locks[volume_id]:
+            self._failing.pop(volume_id, None)
             publication = self._published.get(volume_id)
             if publication is None or str(publication.target) != target_path:
                 log.info("csi unpublish: not published volume=%s target=%s", volume_id, target_path)
@@ -292,7 +310,36 @@ class CsiNode:
     def published(self) -> int:
         return len(self._published)
 
+    def failing(self) -> list[tuple[dict[str, str], float]]:
+        """`fusevol_volume_failures` of the volumes whose publishes failed and that the desired
+        state does not hold (module docstring): per volume, its failed publishes in a row. A
+        volume whose pod the source no longer knows is dropped: kubelet will not retry it."""
+        out = []
+        for volume_id, (publication, failures) in list(self._failing.items()):
+            if known_pod(self._store, publication.pod) is None:
+                del self._failing[volume_id]
+                continue
+            labels = {
+                "namespace": publication.pod.namespace,
+                "pod": publication.pod.name,
+                "volume": publication.volume.name,
+                "operation": "mount",
+            }
+            out.append((labels, float(failures)))
+        return out
+
     # -- steps -------------------------------------------------------------------------------------
+
+    def _count_failure(self, publication: Publication) -> None:
+        """A publish failed: counted while the desired state does not hold its volume (a first
+        publish, forgotten again); one it holds (a republish, a timeout) the reconciler's status
+        names, as any pod volume's."""
+        volume_id = publication.volume_id
+        if self._desired.get(_unique_name(volume_id)) is not None:
+            self._failing.pop(volume_id, None)
+            return
+        _, failures = self._failing.get(volume_id, (publication, 0))
+        self._failing[volume_id] = (publication, failures + 1)
 
     async def _forget(self, publication: Publication) -> None:
         name = _unique_name(publication.volume_id)

@@ -36,12 +36,14 @@ def register(
     executor: Executor,
     ready: Callable[[], bool] = lambda: False,
     frozen: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
+    failing: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
     api: Callable[[], ClientStatistics] | None = None,
 ) -> None:
     """Add the gauges and counters that are read from the components on every scrape;
     `ready()`: what `/readyz` answers; `frozen()`: `fusevol_frozen_volumes`
-    (`fusevol.observe.frozen`); `api()`: the API client's connections, streams and answers (with
-    the API source)."""
+    (`fusevol.observe.frozen`); `failing()`: the failing volumes no state of the volume manager
+    holds (the CSI node's failed first publishes, `fusevol.csi.node`); `api()`: the API client's
+    connections, streams and answers (with the API source)."""
 
     def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
         for state, names in (
@@ -69,7 +71,7 @@ def register(
         "Pod volumes whose last operation failed, by pod: how many times in a row (kept until"
         " one succeeds); operation mount (set-up) or refresh (update)",
         ["namespace", "pod", "volume", "operation"],
-        lambda: failing_volumes(desired, executor),
+        lambda: [*failing_volumes(desired, executor), *failing()],
     )
     metrics.add_gauge(
         "fusevol_frozen_volumes",
