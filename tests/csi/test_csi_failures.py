@@ -2,27 +2,25 @@
 `fusevol_volume_failures{operation="mount"}`, what FusevolVolumeSetUpFailing reads. The CSI node
 forgets a failed first publish (kubelet retries it), so the volume manager's state, where the
 gauge looked, never held it: on the cluster kit a pod converted as the webhook converts it, whose
-ConfigMap did not exist, failed for ever with no series and no alert (issue 56). Driven as kubelet
+ConfigMap did not exist, failed for ever with no series and no alert. Driven as kubelet
 v1.28 drives the driver (tests/csi/kubelet.py), against the real agent and the loopback API
 server."""
 
 from __future__ import annotations
 
 import contextlib
-import subprocess
 from typing import TYPE_CHECKING
 
 import grpc
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tests.agent import HAS_FUSE, NODE, mounts_below, running_agent, wait_for
+from tests.agent import HAS_FUSE, NODE, running_agent, wait_for
 from tests.csi.conftest import csi_volume, pod
 from tests.csi.kubelet import DRIVER, Kubelet
 from tests.helpers.apiserver import running_apiserver
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
     from pathlib import Path
 
     from tests.agent import AgentProcess
@@ -50,15 +48,6 @@ def publish_fails(kubelet: Kubelet, obj: dict[str, object], volume: str) -> str:
         kubelet.publish(obj, volume)
     assert failed.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     return str(failed.value.details())
-
-
-@pytest.fixture
-def kubelet_dir(tmp_path: Path) -> Iterator[Path]:
-    path = tmp_path / "kubelet"
-    path.mkdir()
-    yield path
-    for mount in reversed(mounts_below(path)):
-        subprocess.run(["umount", "-l", mount], check=False)
 
 
 @pytest.mark.fuse
