@@ -291,6 +291,18 @@ def referenced_objects(pod: Pod, source: object) -> tuple[ObjectKey, ...]:
             return ()
 
 
+def names_objects(source: object) -> bool:
+    """Whether a volume of this source reads ConfigMaps or Secrets (by name, from its pod's
+    namespace): what the API server's Node authorizer reads from a pod's spec."""
+    match source:
+        case ConfigMapVolumeSource() | SecretVolumeSource():
+            return True
+        case ProjectedVolumeSource(sources=sources):
+            return any(isinstance(p, ConfigMapProjection | SecretProjection) for p in sources)
+        case _:
+            return False
+
+
 @dataclass(frozen=True, slots=True)
 class StorageClass:
     """A `storage.k8s.io/v1` StorageClass (cluster-scoped): who provisions its claims, and how."""

@@ -15,15 +15,25 @@ would have served:
        (`Driver.problem`); a Windows pod or a mirror pod is never converted;
     3. each serviceAccountToken source's audience and lifetime are one of the CSIDriver's
        `tokenRequests`, with `requiresRepublish`: kubelet then passes the very token it would have
-       projected, and refreshes it (otherwise the agent would request its own); and no downward
-       API file shows `metadata.annotations` whole or kubelet's own annotations, which the
-       driver's downward API lacks (`_annotations_problem`);
+       projected, and refreshes it (otherwise the agent would request its own). A downward API
+       file of `metadata.annotations` converts too: the agent adds kubelet's own annotations
+       (`kubernetes.io/config.seen`, `config.source`) to a CSI volume's pod as kubelet does;
     4. its attribute, read back by the CSI attribute parser, is the very source of step 1.
-The pod's annotation `fusevol.io/volumes` lists the converted volumes and, for each volume of
-those four types left as it was, why (`{"converted": [...], "notConverted": {name: reason}}`).
+
+A converted volume that reads ConfigMaps or Secrets keeps its original, under a name of its own
+(`reference_name`: `fusevol-ref-<name>`) that no container mounts. kubelet never sets up a volume
+no container mounts (its populator skips it), but the API server's Node authorizer builds its
+graph from every volume of the spec: the pod still names each object it reads, so the agent may
+read them as its node, exactly as kubelet could, and whoever reads the pod's spec sees what its
+volumes are made of.
+
+The pod's annotation `fusevol.io/volumes` lists the converted volumes, for each volume of those
+four types left as it was why, and the kept originals by their names (`{"converted": [...],
+"notConverted": {name: reason}, "references": {"fusevol-ref-<name>": name}}`).
 
 Idempotent: a volume already converted (a fusevol.io volume the annotation lists) stays listed,
-and a second pass over a converted pod changes nothing. The JSON text is YAML-safe: characters
+a kept original the annotation lists is left as it is, and a second pass over a converted pod
+changes nothing. The JSON text is YAML-safe: characters
 YAML does not take as they are (C0 and C1 controls, U+FFFE, U+FFFF, lone surrogates) are
 written as JSON escapes; astral characters are kept as they are (an escaped surrogate pair would
 read back as two characters).
@@ -34,6 +44,8 @@ Excludes: the AdmissionReview (`fusevol.webhook.admission`), where the CSIDriver
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import json
 import re
 from dataclasses import dataclass, field
@@ -47,7 +59,7 @@ from fusevol.decode.volume_sources import parse_volumes
 from fusevol.model import PodUID
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Mapping, Set
 
 DRIVER = attributes.DRIVER
 ANNOTATION = "fusevol.io/volumes"
@@ -59,9 +71,9 @@ TokenRequestSpec`), what kubelet's request for the CSI driver then gets."""
 _NOT_YAML = re.compile("[^\t\n\r\x20-\x7e\xa0-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 """What PyYAML's reader refuses, or reads otherwise (U+0085 is a line break to it)."""
 
-_KUBELET_ANNOTATIONS = tuple(
-    f"metadata.annotations['kubernetes.io/config.{key}']" for key in ("seen", "source", "hash")
-)
+REFERENCE_PREFIX = "fusevol-ref-"
+_MAX_VOLUME_NAME = 63
+"""A volume's name is a DNS label (`IsDNS1123Label`)."""
 Json = Any
 
 
@@ -113,12 +125,14 @@ class Driver:
 @dataclass(frozen=True, slots=True)
 class Conversion:
     """What the conversion of one pod did: the JSON Patch (RFC 6902) that makes the pod so (empty:
-    nothing changes), what it reports, and the warnings for the one who created it."""
+    nothing changes), what it reports (`references`: kept original -> converted volume), and the
+    warnings for the one who created it."""
 
     patch: list[dict[str, Json]] = field(default_factory=list)
     converted: tuple[str, ...] = ()
     not_converted: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
+    references: Mapping[str, str] = field(default_factory=dict)
 
 
 def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
@@ -147,15 +161,20 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
         namespace, name, PodUID(""), _string(spec.get("serviceAccountName")) or "default"
     )
     pod_problem = driver.problem or _pod_problem(spec)
-    before = _listed(annotations.get(ANNOTATION))
+    before, references_before = _listed(annotations.get(ANNOTATION))
+    taken: set[str] = {volume.name for volume in volumes}
     patch: list[dict[str, Json]] = []
     converted: list[str] = []
     not_converted: dict[str, str] = {}
+    references: dict[str, str] = {}
     warnings: list[str] = []
     for index, (entry, volume) in enumerate(zip(entries, volumes, strict=True)):
         type_name = _type_of(entry)
         if type_name == "csi" and _is_ours(entry) and volume.name in before:
             converted.append(volume.name)  # (a second pass)
+            continue
+        if volume.name in references_before and references_before[volume.name] in before:
+            references[volume.name] = references_before[volume.name]  # (a second pass)
             continue
         if type_name not in SERVED_TYPES:
             continue
@@ -165,11 +184,7 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
         elif isinstance(volume.source, model.UnsupportedVolumeSource):
             reason = f"fusevol does not serve {volume.source.type_name} sources"
         else:
-            reason = (
-                pod_problem
-                or _token_problem(volume.source, driver)
-                or _annotations_problem(volume.source)
-            )
+            reason = pod_problem or _token_problem(volume.source, driver)
         if not reason:
             text = _yaml_safe(json.dumps({type_name: entry[type_name]}, ensure_ascii=False))
             reason = _read_back_problem(text, volume, identity)
@@ -191,11 +206,21 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
                 },
             }
         )
+        if model.names_objects(volume.source):
+            reference = reference_name(volume.name, taken)
+            taken.add(reference)
+            references[reference] = volume.name
+            patch.append(
+                {"op": "add", "path": "/spec/volumes/-", "value": {**entry, "name": reference}}
+            )
     if converted or not_converted:
-        report = json.dumps({"converted": converted, "notConverted": not_converted})
+        report = json.dumps(
+            {"converted": converted, "notConverted": not_converted}
+            | ({"references": references} if references else {})
+        )
         if annotations.get(ANNOTATION) != report:
             patch.append(_annotate(pod, report))
-    return Conversion(patch, tuple(converted), not_converted, tuple(warnings))
+    return Conversion(patch, tuple(converted), not_converted, tuple(warnings), references)
 
 
 def _pod_name(metadata: Mapping[str, Json]) -> str:
@@ -236,32 +261,6 @@ def _token_problem(source: model.VolumeSource, driver: Driver) -> str:
     return ""
 
 
-def _annotations_problem(source: model.VolumeSource) -> str:
-    """(3) The driver's downward API lacks the annotations kubelet adds to the pods it accepts
-    (`kubernetes.io/config.seen`, `config.source`: the agent adds them to the pods of its
-    desired state, not to those of CSI volumes), so a file of `metadata.annotations`, whole or
-    by a subscript of those keys, would be served otherwise."""
-    if isinstance(source, model.DownwardAPIVolumeSource):
-        items = source.items
-    elif isinstance(source, model.ProjectedVolumeSource):
-        items = tuple(
-            item
-            for projection in source.sources
-            if isinstance(projection, model.DownwardAPIProjection)
-            for item in projection.items
-        )
-    else:
-        return ""
-    for item in items:
-        field_path = item.field_ref.field_path if item.field_ref is not None else ""
-        if field_path == "metadata.annotations" or field_path.startswith(_KUBELET_ANNOTATIONS):
-            return (
-                f"{item.path!r} shows {field_path}: the CSI driver does not show the annotations "
-                "kubelet adds (kubernetes.io/config.seen, kubernetes.io/config.source)"
-            )
-    return ""
-
-
 def _read_back_problem(text: str, volume: model.Volume, identity: attributes.PodIdentity) -> str:
     """(4) Why the attribute would not be served as the volume: "" when it would."""
     try:
@@ -287,16 +286,39 @@ def _annotate(pod: Mapping[str, Json], report: str) -> dict[str, Json]:
     return {"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: report}}
 
 
-def _listed(annotation: Json) -> frozenset[str]:
-    """The volumes an earlier pass converted, from its annotation (anything else: none)."""
+def reference_name(name: str, taken: Set[str]) -> str:
+    """The name under which the original of the converted volume `name` is kept: a DNS label
+    that no volume in `taken` has."""
+    candidate = REFERENCE_PREFIX + name
+    for attempt in itertools.count():
+        if len(candidate) <= _MAX_VOLUME_NAME and candidate not in taken:
+            return candidate
+        digest = hashlib.sha256(f"{name}/{attempt}".encode()).hexdigest()[:12]
+        head = name[: _MAX_VOLUME_NAME - len(REFERENCE_PREFIX) - len(digest) - 1]
+        candidate = f"{REFERENCE_PREFIX}{head}-{digest}"
+    raise AssertionError("unreachable")
+
+
+def _listed(annotation: Json) -> tuple[frozenset[str], dict[str, str]]:
+    """The volumes an earlier pass converted, and the originals it kept (by their names), from
+    its annotation (anything else: none)."""
     try:
         value = json.loads(annotation) if isinstance(annotation, str) else None
     except ValueError:
-        return frozenset()
-    listed = value.get("converted") if isinstance(value, dict) else None
-    if not isinstance(listed, list):
-        return frozenset()
-    return frozenset(name for name in listed if isinstance(name, str))
+        return frozenset(), {}
+    if not isinstance(value, dict):
+        return frozenset(), {}
+    listed = value.get("converted")
+    converted = frozenset(
+        name for name in (listed if isinstance(listed, list) else ()) if isinstance(name, str)
+    )
+    kept = value.get("references")
+    references = {
+        reference: name
+        for reference, name in (kept.items() if isinstance(kept, dict) else ())
+        if isinstance(reference, str) and isinstance(name, str)
+    }
+    return converted, references
 
 
 def _type_of(entry: Json) -> str:

@@ -50,6 +50,10 @@ class Report:
         lines = [
             f"{self.subject}: converted {', '.join(conversion.converted) or 'nothing'}",
             *(
+                f"{self.subject}: kept {name} unmounted as {reference}: the pod names what it reads"
+                for reference, name in conversion.references.items()
+            ),
+            *(
                 f"{self.subject}: not converted {name}: {reason}"
                 for name, reason in conversion.not_converted.items()
             ),
@@ -102,7 +106,7 @@ def _convert(obj: dict[str, Any], driver: Driver) -> list[Report]:
 
 def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> None:
     """Apply the conversion's patch in place: its `add` and `replace` operations (RFC 6902) on
-    object members and array elements, which are all it makes."""
+    object members, array elements and the end of an array (`-`), which are all it makes."""
     for operation in patch:
         *parents, last = [
             p.replace("~1", "/").replace("~0", "~") for p in operation["path"].split("/")[1:]
@@ -111,7 +115,11 @@ def apply_patch(obj: dict[str, Any], patch: list[dict[str, Any]]) -> None:
         for part in parents:
             target = target[int(part)] if isinstance(target, list) else target[part]
         value = json.loads(json.dumps(operation["value"]))
-        if isinstance(target, list):
+        if isinstance(target, list) and last == "-":
+            target.append(value)
+        elif isinstance(target, list) and operation["op"] == "add":
+            target.insert(int(last), value)
+        elif isinstance(target, list):
             target[int(last)] = value
         else:
             target[last] = value

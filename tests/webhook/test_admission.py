@@ -88,10 +88,19 @@ def test_a_pod_is_converted_and_annotated() -> None:
     pod = _pod(CONFIG, API_ACCESS)
     response = answer(admission_review(pod))
     result = patched(pod, response)
-    assert [v["name"] for v in result["spec"]["volumes"]] == ["config", "kube-api-access-x2x9z"]
+    assert [v["name"] for v in result["spec"]["volumes"]] == [
+        "config",
+        "kube-api-access-x2x9z",
+        "fusevol-ref-config",
+    ]
     assert result["spec"]["volumes"][0]["csi"]["driver"] == "fusevol.io"
+    assert result["spec"]["volumes"][2] == {
+        **pod["spec"]["volumes"][0],
+        "name": "fusevol-ref-config",
+    }
     report = json.loads(result["metadata"]["annotations"][ANNOTATION])
     assert report["converted"] == ["config"]
+    assert report["references"] == {"fusevol-ref-config": "config"}
     assert "kube-api-access-x2x9z" in report["notConverted"]
     assert "warnings" not in response  # a token audience the driver lacks is no fault of the pod
     # Reinvoked (or sent again): nothing more to do.

@@ -29,6 +29,8 @@ spec:
         - {name: config, configMap: {name: app, items: [{key: a, path: dir/a, mode: 0400}]}}
         - name: token
           projected: {sources: [{serviceAccountToken: {audience: vault, path: t}}]}
+        - name: info
+          downwardAPI: {items: [{path: annotations, fieldRef: {fieldPath: metadata.annotations}}]}
 ---
 apiVersion: v1
 kind: Service
@@ -68,7 +70,7 @@ def test_convert_prints_the_manifest_converted_and_a_report(tmp_path: Path) -> N
     assert result.returncode == 0, result.stderr
     deployment, service, cronjob = yaml.safe_load_all(result.stdout)
     template: Any = deployment["spec"]["template"]
-    config, token = template["spec"]["volumes"]
+    config, token, info, kept = template["spec"]["volumes"]
     assert config["csi"] == {
         "driver": "fusevol.io",
         "readOnly": True,
@@ -77,25 +79,37 @@ def test_convert_prints_the_manifest_converted_and_a_report(tmp_path: Path) -> N
             '"mode": 256}]}}'
         },
     }
-    assert token == next(yaml.safe_load_all(DEPLOYMENT))["spec"]["template"]["spec"]["volumes"][1]
-    assert json.loads(template["metadata"]["annotations"][ANNOTATION])["converted"] == ["config"]
+    written = next(yaml.safe_load_all(DEPLOYMENT))["spec"]["template"]["spec"]["volumes"]
+    assert token == written[1]
+    assert info["csi"]["volumeAttributes"] == {
+        "volume": '{"downwardAPI": {"items": [{"path": "annotations", "fieldRef": {"fieldPath": '
+        '"metadata.annotations"}}]}}'
+    }
+    assert kept == {**written[0], "name": "fusevol-ref-config"}
+    report = json.loads(template["metadata"]["annotations"][ANNOTATION])
+    assert report["converted"] == ["config", "info"]
+    assert report["references"] == {"fusevol-ref-config": "config"}
     assert service == list(yaml.safe_load_all(DEPLOYMENT))[1]
     pod = cronjob["spec"]["jobTemplate"]["spec"]["template"]
     assert pod["spec"]["volumes"][0]["csi"]["volumeAttributes"] == {
         "volume": '{"secret": {"secretName": "creds"}}'
     }
     assert result.stderr.splitlines() == [
-        "Deployment team/web: converted config",
+        "Deployment team/web: converted config, info",
+        "Deployment team/web: kept config unmounted as fusevol-ref-config: the pod names what it "
+        "reads",
         "Deployment team/web: not converted token: serviceAccountToken 't': audience 'vault' for "
         "3600 s is not one of the tokenRequests of the CSIDriver fusevol.io",
         "CronJob default/nightly: converted creds",
+        "CronJob default/nightly: kept creds unmounted as fusevol-ref-creds: the pod names what it "
+        "reads",
     ]
 
 
 def test_token_requests_convert_their_audiences_and_stdin_is_read() -> None:
     result = fusevol("convert", "-f", "-", "--token-request", "vault=3600", stdin=DEPLOYMENT)
     assert result.returncode == 0, result.stderr
-    assert result.stderr.splitlines()[0] == "Deployment team/web: converted config, token"
+    assert result.stderr.splitlines()[0] == "Deployment team/web: converted config, token, info"
     # What convert printed, converted again, stays as it is.
     again = fusevol("convert", "-f", "-", "--token-request", "vault", stdin=result.stdout)
     assert again.stdout == result.stdout

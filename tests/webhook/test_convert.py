@@ -15,11 +15,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from unittest.mock import ANY
 
 import jsonpatch
 import pytest
@@ -29,7 +29,14 @@ from fusevol.csi import attributes
 from fusevol.decode.reader import Reader
 from fusevol.decode.volume_sources import parse_volumes
 from fusevol.model import InvalidVolumeSource, Volume
-from fusevol.webhook.convert import ANNOTATION, DRIVER, Driver, TokenRequest, convert_pod
+from fusevol.webhook.convert import (
+    ANNOTATION,
+    DRIVER,
+    REFERENCE_PREFIX,
+    Driver,
+    TokenRequest,
+    convert_pod,
+)
 from tests.helpers.defaults import as_stored
 from tests.unit.test_api_forms import _decode, _served, written_pods
 
@@ -56,20 +63,6 @@ examples in one test function: no function-scoped tmp_path); removed after the m
 def _remove_kubelet_dir() -> Iterator[None]:
     yield
     shutil.rmtree(KUBELET_DIR, ignore_errors=True)
-
-
-def shows_all_annotations(volume: Obj) -> bool:
-    """A downwardAPI file of `metadata.annotations`, whose kubelet-added lines (config.seen,
-    config.source) the driver does not serve: such volumes are kept."""
-    sources = [volume.get("downwardAPI")] + [
-        s.get("downwardAPI") for s in (volume.get("projected") or {}).get("sources") or []
-    ]
-    return any(
-        (item.get("fieldRef") or {}).get("fieldPath") == "metadata.annotations"
-        for source in sources
-        if source
-        for item in source.get("items") or []
-    )
 
 
 def converted(pod: Obj, driver: Driver = EVERY_TOKEN) -> tuple[Obj, Any]:
@@ -125,6 +118,32 @@ def check_served_alike(original: Obj, patched: Obj, conversion: Any) -> None:
     for index, volume in enumerate(original["spec"]["volumes"]):
         if volume["name"] not in conversion.converted:
             assert patched["spec"]["volumes"][index] == volume
+    check_references(original, patched, conversion)
+
+
+def names_objects(volume: Obj) -> bool:
+    """Whether the volume reads a ConfigMap or a Secret, as the API server's Node authorizer sees
+    it (`VisitPodSecretNames`, `VisitPodConfigmapNames`)."""
+    sources = [volume, *list((volume.get("projected") or {}).get("sources") or [])]
+    return any("configMap" in s or "secret" in s for s in sources)
+
+
+def check_references(original: Obj, patched: Obj, conversion: Any) -> None:
+    """Each converted volume that reads ConfigMaps or Secrets keeps its original, renamed, after
+    the pod's own volumes: the pod's spec names every object it names before."""
+    count = len(original["spec"]["volumes"])
+    kept = patched["spec"]["volumes"][count:]
+    by_name = {v["name"]: v for v in original["spec"]["volumes"]}
+    wanted = [n for n in conversion.converted if names_objects(by_name[n])]
+    assert list(conversion.references.values()) == wanted
+    assert [v["name"] for v in kept] == list(conversion.references)
+    for volume in kept:
+        name = conversion.references[volume["name"]]
+        assert volume == {**by_name[name], "name": volume["name"]}
+        assert volume["name"].startswith(REFERENCE_PREFIX)
+        assert len(volume["name"]) <= 63
+    names = [v["name"] for v in patched["spec"]["volumes"]]
+    assert len(names) == len(set(names))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -133,24 +152,20 @@ def test_every_volume_kind_and_option_serves_as_kubelet_would(written: Obj, stor
     pod = as_stored(written) if stored else written
     patched, conversion = converted(pod)
     served = [v["name"] for v in pod["spec"]["volumes"] if set(v) & set(SERVED)]
-    kept = [v["name"] for v in pod["spec"]["volumes"] if shows_all_annotations(v)]
-    # Every other one: the driver lists every token.
-    assert list(conversion.converted) == [name for name in served if name not in kept]
-    assert list(conversion.not_converted) == kept
-    for reason in conversion.not_converted.values():
-        assert "the CSI driver does not show the annotations kubelet adds" in reason
+    # Every one: the driver lists every token.
+    assert list(conversion.converted) == served
+    assert conversion.not_converted == {}
     assert conversion.warnings == ()
     check_served_alike(pod, patched, conversion)
     if served:
         report = json.loads(patched["metadata"]["annotations"][ANNOTATION])
-        assert report == {
-            "converted": list(conversion.converted),
-            "notConverted": dict.fromkeys(kept, ANY),
-        }
+        references = {"references": dict(conversion.references)} if conversion.references else {}
+        assert report == {"converted": served, "notConverted": {}} | references
     # A second pass (reinvoked, or a converted pod created again) changes nothing.
     again = convert_pod(copy.deepcopy(patched), namespace="default", driver=EVERY_TOKEN)
     assert again.patch == []
     assert again.converted == conversion.converted
+    assert again.references == conversion.references
 
 
 @settings(max_examples=200, deadline=None)
@@ -165,7 +180,7 @@ def test_without_token_requests_token_volumes_stay_kubelets(written: Obj) -> Non
             reason = conversion.not_converted[volume["name"]]
             assert "is not one of the tokenRequests of the CSIDriver fusevol.io" in reason
             assert repr(tokens[0].get("audience", "")) in reason
-        elif set(volume) & set(SERVED) and not shows_all_annotations(volume):
+        elif set(volume) & set(SERVED):
             assert volume["name"] in conversion.converted
     check_served_alike(pod, patched, conversion)
 
@@ -301,26 +316,25 @@ def test_nothing_converts_without_a_usable_driver(driver: Driver, reason: str) -
 
 
 @pytest.mark.parametrize(
-    ("field_path", "kept"),
+    "field_path",
     [
-        ("metadata.annotations", True),
-        ("metadata.annotations['kubernetes.io/config.seen']", True),
-        ("metadata.annotations['kubernetes.io/config.source']", True),
-        ("metadata.annotations['example.com/owner']", False),
-        ("metadata.labels", False),
+        "metadata.annotations",
+        "metadata.annotations['kubernetes.io/config.seen']",
+        "metadata.annotations['kubernetes.io/config.source']",
+        "metadata.annotations['example.com/owner']",
     ],
 )
-def test_annotations_kubelet_adds_keep_the_volume_kubelets(field_path: str, kept: bool) -> None:
+def test_annotations_convert_too(field_path: str) -> None:
+    """The agent adds kubelet's own annotations to a CSI volume's pod (tests/csi), so a file of
+    them is served as kubelet serves it: such a volume converts like any other."""
     item = {"path": "f", "fieldRef": {"fieldPath": field_path}}
     downward = {"name": "info", "downwardAPI": {"items": [item]}}
     projected = {"name": "all", "projected": {"sources": [{"downwardAPI": {"items": [item]}}]}}
-    _, conversion = converted(_pod(downward, projected))
-    assert list(conversion.not_converted) == (["info", "all"] if kept else [])
-    if kept:
-        assert conversion.not_converted["info"] == (
-            f"'f' shows {field_path}: the CSI driver does not show the annotations kubelet adds "
-            "(kubernetes.io/config.seen, kubernetes.io/config.source)"
-        )
+    patched, conversion = converted(_pod(downward, projected))
+    assert _report(conversion) == (("info", "all"), {})
+    # They read no object: nothing to keep for the Node authorizer.
+    assert conversion.references == {}
+    assert [v["name"] for v in patched["spec"]["volumes"]] == ["info", "all"]
 
 
 def test_windows_and_mirror_pods_are_left_alone() -> None:
@@ -352,7 +366,11 @@ def test_what_fusevol_does_not_serve_is_named() -> None:
     [warning] = conversion.warnings
     assert warning.startswith("volume 'bad' is not converted: fusevol cannot read it")
     report = json.loads(patched["metadata"]["annotations"][ANNOTATION])
-    assert report == {"converted": ["config"], "notConverted": dict(conversion.not_converted)}
+    assert report == {
+        "converted": ["config"],
+        "notConverted": dict(conversion.not_converted),
+        "references": {"fusevol-ref-config": "config"},
+    }
 
 
 @pytest.mark.parametrize(
@@ -387,3 +405,68 @@ def test_a_pod_without_served_volumes_is_not_touched() -> None:
     patched, conversion = converted(pod)
     assert (conversion.patch, conversion.converted, dict(conversion.not_converted)) == ([], (), {})
     assert patched == pod
+
+
+# -- the originals kept for the Node authorizer ---------------------------------------------------
+
+
+def test_each_converted_volume_that_reads_objects_keeps_its_original_unmounted() -> None:
+    secret = {"name": "creds", "secret": {"secretName": "db", "defaultMode": 256}}
+    info = {
+        "name": "info",
+        "downwardAPI": {"items": [{"path": "n", "fieldRef": {"fieldPath": "metadata.name"}}]},
+    }
+    pod = _pod(CONFIG, secret, info)
+    pod["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": n, "mountPath": f"/{n}"} for n in ("config", "creds", "info")
+    ]
+    patched, conversion = converted(pod)
+    assert conversion.converted == ("config", "creds", "info")
+    volumes = patched["spec"]["volumes"]
+    assert volumes[3:] == [
+        {**pod["spec"]["volumes"][0], "name": "fusevol-ref-config"},
+        {**pod["spec"]["volumes"][1], "name": "fusevol-ref-creds"},
+    ]
+    # No container mounts them: kubelet skips them; the mounts still name the converted ones.
+    mounted = {m["name"] for c in patched["spec"]["containers"] for m in c["volumeMounts"]}
+    assert mounted == {"config", "creds", "info"}
+    assert json.loads(patched["metadata"]["annotations"][ANNOTATION])["references"] == {
+        "fusevol-ref-config": "config",
+        "fusevol-ref-creds": "creds",
+    }
+
+
+def test_a_kept_original_gets_a_free_name_within_63_characters() -> None:
+    long = {"name": "c" * 63, "configMap": {"name": "app"}}
+    squatter = {"name": "fusevol-ref-config", "emptyDir": {}}
+    patched, conversion = converted(_pod(long, CONFIG, squatter))
+    [for_long, for_config] = conversion.references
+    assert len(for_long) == 63
+    assert for_long.startswith("fusevol-ref-ccc")
+    assert for_config != "fusevol-ref-config"
+    assert for_config.startswith("fusevol-ref-config-")
+    names = [v["name"] for v in patched["spec"]["volumes"]]
+    assert len(set(names)) == len(names) == 5
+    # A name the API server takes: a DNS label.
+    assert all(re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", n) for n in names)
+
+
+def test_a_second_pass_leaves_the_kept_originals_as_they_are() -> None:
+    patched, _conversion = converted(_pod(CONFIG))
+    again = convert_pod(copy.deepcopy(patched), namespace="default", driver=EVERY_TOKEN)
+    assert (again.patch, again.converted, dict(again.references)) == (
+        [],
+        ("config",),
+        {"fusevol-ref-config": "config"},
+    )
+
+
+def test_a_listed_reference_without_its_converted_volume_is_converted() -> None:
+    """The annotation is the pod's creator's to write: a volume it calls a kept original of a
+    volume that was not converted is an ordinary volume, converted as one."""
+    pod = _pod({"name": "fusevol-ref-x", "configMap": {"name": "app"}})
+    pod["metadata"]["annotations"] = {
+        ANNOTATION: json.dumps({"converted": [], "references": {"fusevol-ref-x": "x"}})
+    }
+    _patched, conversion = converted(pod)
+    assert conversion.converted == ("fusevol-ref-x",)
