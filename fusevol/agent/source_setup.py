@@ -1,9 +1,11 @@
 """Which source the settings ask for, and what the agent needs of it (`build_source`).
 
-A manifest directory (`fusevol.source.local`) or the Kubernetes API (`fusevol.source.kube`); with
-each, where the hostpath provisioner records the PVs it creates (the agent's own record,
-`fusevol.provision.record`, or PV objects through the API, `fusevol.kube.provisioned`), and how
-the CSI plugin has the source keep a published volume's objects current.
+A manifest directory (`fusevol.source.local`) or the Kubernetes API (`fusevol.source.kube`, as
+the kubeconfig given, or with kubelet's own credentials, found on the node by
+`fusevol.kube.kubelet_credentials`); with each, where the hostpath provisioner records the PVs
+it creates (the agent's own record, `fusevol.provision.record`, or PV objects through the API,
+`fusevol.kube.provisioned`), and how the CSI plugin has the source keep a published volume's
+objects current.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from fusevol.base.errors import FusevolError
+from fusevol.base.settings import KubeletCredentials
 from fusevol.node import layout
 from fusevol.provision.hostpath import PROVISIONER
 from fusevol.provision.record import ManifestVolumeRecorder
@@ -68,11 +71,17 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
     """The source the settings ask for, and what the agent needs of it."""
     if settings.kube is not None:
         # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+        from fusevol.kube import kubelet_credentials
         from fusevol.kube.client import KubeClient
         from fusevol.kube.provisioned import KubeVolumeRecorder
         from fusevol.source.kube.source import KubeSource
 
-        client = KubeClient(kubeconfig=settings.kube.kubeconfig)
+        kubeconfig = settings.kube.kubeconfig
+        if isinstance(kubeconfig, KubeletCredentials):
+            found = kubelet_credentials.find(kubelet_dir=kubeconfig.kubelet_dir)
+            client = KubeClient(kubeconfig=found)
+        else:
+            client = KubeClient(kubeconfig=kubeconfig)
         recorder = KubeVolumeRecorder(
             client=client, node_name=settings.node_name, provisioner=PROVISIONER
         )

@@ -76,9 +76,23 @@ class ChangeDetection(enum.Enum):
     GET = "Get"
 
 
+KUBELET = "kubelet"
+"""The `--kubeconfig` that is no path: kubelet's own credentials (`KubeletCredentials`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KubeletCredentials:
+    """kubelet's own credentials, wherever the node's distribution keeps them (`--kubeconfig
+    kubelet`: found by `fusevol.kube.kubelet_credentials`)."""
+
+    kubelet_dir: Path
+    """kubelet's root directory: some distributions keep its kubeconfig there, and a
+    bootstrapped kubelet its client certificate (`pki/`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class KubeSettings:
-    kubeconfig: Path | None = None
+    kubeconfig: Path | KubeletCredentials | None = None
     """None: in-cluster configuration inside a pod, else `$KUBECONFIG` or `~/.kube/config`."""
     change_detection: ChangeDetection = ChangeDetection.WATCH
     """How referenced ConfigMaps, Secrets, claims and volumes are kept current."""

@@ -1,6 +1,6 @@
 """Command line: argv and `FUSEVOL_*` environment variables -> Settings -> the agent.
 
-    fusevol run [--manifests DIR | --kubeconfig PATH | --source kubernetes]
+    fusevol run [--manifests DIR | --kubeconfig PATH|kubelet | --source kubernetes]
                 [--change-detection Watch|Cache|Get] [--root DIR] [--node-name NAME] ...
     fusevol status [--root DIR] [--json]
     fusevol teardown [--root DIR]
@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING
 from fusevol.agent import preflight
 from fusevol.agent.launcher import LAUNCHER_FD_ENV, launch
 from fusevol.base.errors import FusevolError
+from fusevol.base.settings import KUBELET
 from fusevol.cli import webhook as cli_webhook
 from fusevol.cli.parser import build_parser
 from fusevol.node import layout
@@ -53,7 +54,8 @@ def main(argv: list[str] | None = None) -> int:
             if LAUNCHER_FD_ENV not in os.environ:
                 preflight.check(
                     root=args.root,
-                    kubeconfig=args.kubeconfig,
+                    # kubelet's: the agent finds them, and says what it tried
+                    kubeconfig=None if args.kubeconfig == KUBELET else args.kubeconfig,
                     fuse=True,
                     http=(args.http_host, args.http_port),
                     replace=args.replace,

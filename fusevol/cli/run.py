@@ -1,7 +1,9 @@
 """`fusevol run` in the agent's process: the parsed arguments -> `Settings` -> the agent.
 
 Which source the arguments ask for (`--manifests`, `--kubeconfig`, `--source`, in a pod) and the
-checks of their combinations; then `fusevol.agent.app` runs until signalled.
+checks of their combinations (`--kubeconfig kubelet`: kubelet's own credentials, below
+`--kubelet-dir`, which the agent finds as it starts); then `fusevol.agent.app` runs until
+signalled.
 """
 
 from __future__ import annotations
@@ -12,10 +14,19 @@ from typing import TYPE_CHECKING
 
 from fusevol.base import heap, log
 from fusevol.base.errors import FusevolError
-from fusevol.base.settings import ChangeDetection, CsiSettings, HttpSettings, KubeSettings, Settings
+from fusevol.base.settings import (
+    KUBELET,
+    ChangeDetection,
+    CsiSettings,
+    HttpSettings,
+    KubeletCredentials,
+    KubeSettings,
+    Settings,
+)
 
 if TYPE_CHECKING:
     import argparse
+    from pathlib import Path
 
 
 def main(args: argparse.Namespace) -> int:
@@ -94,8 +105,14 @@ def _kube_settings(args: argparse.Namespace) -> KubeSettings | None:
         raise FusevolError(
             f"--change-detection {args.change_detection}: not one of Watch, Cache, Get"
         ) from None
+    if args.kubeconfig == KUBELET:
+        kubeconfig: Path | KubeletCredentials | None = KubeletCredentials(
+            kubelet_dir=args.kubelet_dir.absolute()
+        )
+    else:
+        kubeconfig = None if args.kubeconfig is None else args.kubeconfig.absolute()
     return KubeSettings(
-        kubeconfig=None if args.kubeconfig is None else args.kubeconfig.absolute(),
+        kubeconfig=kubeconfig,
         change_detection=strategy,
         sync_period_s=args.sync_period,
         cache_ttl_s=args.cache_ttl,

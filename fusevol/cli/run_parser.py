@@ -12,7 +12,13 @@ import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fusevol.base.settings import DEFAULT_KUBELET_DIR, ChangeDetection, HttpSettings, KubeSettings
+from fusevol.base.settings import (
+    DEFAULT_KUBELET_DIR,
+    KUBELET,
+    ChangeDetection,
+    HttpSettings,
+    KubeSettings,
+)
 from fusevol.cli.environment import boolean, env_option, root_option
 
 if TYPE_CHECKING:
@@ -58,9 +64,12 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
     env_option(
         run,
         "--kubeconfig",
-        type=Path,
+        type=kubeconfig,
         metavar="PATH",
-        help="kubeconfig of the API server (default: in-cluster, $KUBECONFIG, ~/.kube/config)",
+        help="kubeconfig of the API server, or `kubelet`: run as this node with kubelet's own "
+        "credentials, found where the common distributions keep them: its kubeconfig, else its "
+        "client certificate below --kubelet-dir with the in-cluster API server (default: "
+        "in-cluster, $KUBECONFIG, ~/.kube/config)",
     )
     env_option(
         run,
@@ -169,7 +178,8 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
         "--kubelet-dir",
         type=Path,
         default=DEFAULT_KUBELET_DIR,
-        help="kubelet's root directory: CSI target paths must be below it (default: %(default)s)",
+        help="kubelet's root directory: CSI target paths must be below it, and `--kubeconfig "
+        "kubelet` looks for kubelet's credentials there too (default: %(default)s)",
     )
     env_option(
         run,
@@ -200,3 +210,9 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
         "hold --csi-endpoint ...` (a rollout then never registers it again) (default: "
         "%(default)s)",
     )
+
+
+def kubeconfig(value: str) -> Path | str:
+    """`--kubeconfig`'s value: the word `kubelet` (kubelet's own credentials, found by the
+    agent: `KUBELET`), else a kubeconfig's path (`./kubelet` for a file of that name)."""
+    return KUBELET if value == KUBELET else Path(value)

@@ -37,6 +37,8 @@ from fusevol.model import Kind
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from fusevol.kube.kubelet_credentials import ClientCertificate
+
 Obj = dict[str, Any]
 
 LARGE_BODY = 1 << 18
@@ -103,7 +105,7 @@ RESOURCES = {
 class KubeClient(Transport):
     """Calls to the API server, awaited on the trio thread; see the module docstring."""
 
-    def __init__(self, *, kubeconfig: Path | None) -> None:
+    def __init__(self, *, kubeconfig: Path | ClientCertificate | None) -> None:
         super().__init__(kubeconfig=kubeconfig)
         self.horizon: dict[Kind, int] = {}
         """Where the server's watch caches start, by kind, as its 410s said: the reflectors'

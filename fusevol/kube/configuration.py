@@ -1,10 +1,11 @@
 """The client configuration, as the `kubernetes` package reads it: the agent's one module that
 imports `kubernetes` (the webhook's client, `fusevol.webhook.cluster`, is configured here too).
 
-An explicit kubeconfig, else in-cluster when running in a pod, else the standard kubeconfig
-resolution (`$KUBECONFIG`, `~/.kube/config`); exec credential plugins and the in-cluster token's
-rotation run through the configuration's refresh hook (`credentials` asks it). A kubeconfig's
-embedded keys are kept in memory, never in files.
+An explicit kubeconfig, or kubelet's client certificate with the in-cluster API server
+(`kubelet_credentials.ClientCertificate`), else in-cluster when running in a pod, else the
+standard kubeconfig resolution (`$KUBECONFIG`, `~/.kube/config`); exec credential plugins and
+the in-cluster token's rotation run through the configuration's refresh hook (`credentials`
+asks it). A kubeconfig's embedded keys are kept in memory, never in files.
 
 Excludes: what is made of it: the TLS contexts (`tls`), the Authorization header
 (`credentials`), the connections (`transport`).
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import kubernetes
 
 from fusevol.base.errors import FusevolError
+from fusevol.kube.kubelet_credentials import ClientCertificate
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -32,9 +34,10 @@ def in_cluster() -> bool:
     return bool(os.environ.get(_IN_CLUSTER_ENV))
 
 
-def load_configuration(kubeconfig: Path | None) -> Any:
-    """The `kubernetes` package's client configuration: `kubeconfig`, else in-cluster in a pod,
-    else the standard kubeconfig resolution ($KUBECONFIG, ~/.kube/config).
+def load_configuration(kubeconfig: Path | ClientCertificate | None) -> Any:
+    """The `kubernetes` package's client configuration: `kubeconfig` (a path, or kubelet's
+    client certificate), else in-cluster in a pod, else the standard kubeconfig resolution
+    ($KUBECONFIG, ~/.kube/config).
 
     A kubeconfig's embedded data (`certificate-authority-data`, `client-certificate-data`,
     `client-key-data`, an exec plugin's `clientKeyData`) is handed to TLS as files: the package
@@ -43,6 +46,11 @@ def load_configuration(kubeconfig: Path | None) -> Any:
     kube_config = kubernetes.config.kube_config
     kube_config._create_temp_file_with_content = _memory_file  # its one writer of files
     config = kubernetes.client.Configuration()
+    if isinstance(kubeconfig, ClientCertificate):
+        config.host = kubeconfig.server
+        config.ssl_ca_cert = str(kubeconfig.ca_file)
+        config.cert_file = config.key_file = str(kubeconfig.pem)  # the symlink kubelet rotates
+        return config
     try:
         if kubeconfig is not None:
             kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]

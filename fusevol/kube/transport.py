@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 
     from fusevol.kube.http2.response import Response
     from fusevol.kube.http2.state import Header
+    from fusevol.kube.kubelet_credentials import ClientCertificate
 
 CONNECT_TIMEOUT_S = 10.0
 REQUEST_TIMEOUT_S = 30.0
@@ -61,7 +62,7 @@ answer with 429s, and they stay within one connection's streams."""
 class Transport:
     """Requests to the API server, awaited on the trio thread; see the module docstring."""
 
-    def __init__(self, *, kubeconfig: Path | None) -> None:
+    def __init__(self, *, kubeconfig: Path | ClientCertificate | None) -> None:
         config = load_configuration(kubeconfig)
         self.host: str = config.host
         url = urllib.parse.urlsplit(config.host)
