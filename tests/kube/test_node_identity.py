@@ -7,23 +7,28 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from fusevol.base.settings import DEFAULT_KUBELET_DIR
+from fusevol.kube import kubelet_credentials
 from fusevol.kube.client import KubeClient
-from fusevol.kube.errors import ApiError
+from fusevol.kube.errors import ApiError, ApiUnavailable
 from fusevol.model import Kind
 from tests.agent import NODE, running_agent, wait_for
+from tests.helpers import fake_node
 from tests.helpers.h2server import certificates
 from tests.kube.conftest import UID, configmap, configmap_volume, pod
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
     from tests.agent import AgentProcess
     from tests.helpers.apiserver import ApiServer
@@ -68,6 +73,15 @@ def node_agent(
     ) as agent:
         yield agent
         agent.stop()
+
+
+def node_certificate(node: str) -> Path:
+    return certificates().client(f"system:node:{node}", ("system:nodes",))
+
+
+def in_cluster(api: ApiServer) -> dict[str, str]:
+    """The in-cluster address of `api`, as a pod's environment has it."""
+    return {"KUBERNETES_SERVICE_HOST": "127.0.0.1", "KUBERNETES_SERVICE_PORT": str(api.port)}
 
 
 def _claims(token: str) -> dict[str, Any]:
@@ -236,3 +250,89 @@ def test_the_api_server_double_decides_as_the_node_authorizer(
             return "allowed"
 
         assert "can only get individual resources of this type" in trio.run(listed)
+
+
+def test_kubeconfig_kubelet_finds_kubelets_client_certificate_and_runs_as_the_node(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    """`--kubeconfig kubelet` on a node (a fake one, below tmp_path) with no kubeconfig of
+    kubelet's: the agent takes kubelet's current client certificate with the in-cluster API
+    server and CA, and is its node."""
+    api.create(configmap("app", {"a": "1"}))
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    node = tmp_path / "node"
+    current = fake_node.make(node, pem=node_certificate(NODE), ca=certificates().ca)
+    with running_agent(
+        None,
+        tmp_path / "root",
+        "--kubeconfig",
+        "kubelet",
+        env=in_cluster(api),
+        wrapper=fake_node.wrapper(node),
+    ) as agent:
+        config = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        assert (config / "a").read_text() == "1"
+        log = agent.log_text()
+        found = (
+            f"kubelet's credentials: client certificate={current} "
+            f"server=https://127.0.0.1:{api.port} ca={node / fake_node.CA} "
+            "(no kubeconfig of kubelet's found)"
+        )
+        assert log.count("kubelet's credentials:") == 1, log
+        assert found in log, log
+        assert log.count(f"node identity user=system:node:{NODE}:") == 1, log
+        agent.stop()
+
+
+def test_kubeconfig_kubelet_on_a_node_without_them_is_one_line_naming_the_paths(
+    tmp_path: Path,
+) -> None:
+    node = tmp_path / "node"
+    node.mkdir()
+    argv = [*fake_node.wrapper(node), sys.executable, "-m", "fusevol", "run"]
+    argv += ["--kubeconfig", "kubelet", "--root", str(tmp_path / "root"), "--http-port", "-1"]
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 1, result.stderr
+    [line] = [line for line in result.stderr.splitlines() if line.startswith("fusevol: ")]
+    assert line.startswith(
+        f"fusevol: --kubeconfig kubelet: kubelet's credentials not found: no kubeconfig "
+        f"{node}/etc/kubernetes/kubelet.conf, {node}/var/lib/kubelet/kubeconfig, "
+    ), result.stderr
+    assert line.endswith(
+        f"no client certificate {node}/var/lib/kubelet/pki/kubelet-client-current.pem; give "
+        "--kubeconfig PATH (the chart's rbac.node.kubeconfig)"
+    ), result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_rotated_client_certificate_is_the_next_connections_identity(
+    api: ApiServer, tmp_path: Path
+) -> None:
+    """kubelet's certificate manager switches `kubelet-client-current.pem` to a new file: the
+    connection made after that presents the new certificate (here of another name, to tell)."""
+    node = tmp_path / "node"
+    fake_node.make(node, pem=node_certificate(NODE), ca=certificates().ca)
+    found = kubelet_credentials.find(
+        kubelet_dir=Path(DEFAULT_KUBELET_DIR), root=node, environ=in_cluster(api)
+    )
+    client = KubeClient(kubeconfig=found)
+
+    async def node_name() -> str | None:
+        with trio.fail_after(20):
+            while True:
+                try:
+                    identity = await client.whoami()
+                except ApiUnavailable:  # the server restarting
+                    await trio.sleep(0.05)
+                    continue
+                assert identity is not None
+                return identity.node
+
+    async def rotate() -> tuple[str | None, str | None]:
+        before = await node_name()
+        fake_node.rotate(node, pem=node_certificate("rotated-node"))
+        await trio.to_thread.run_sync(api.stop)  # the connection closes: the next is new
+        await trio.to_thread.run_sync(api.start)
+        return before, await node_name()
+
+    assert trio.run(rotate) == (NODE, "rotated-node")
