@@ -76,10 +76,12 @@ CUSTOM: Obj = {
     "livenessProbe": {"periodSeconds": 20, "failureThreshold": 5},
 }
 NO_RBAC: Obj = {"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "existing"}}
+SERVICE_ACCOUNT: Obj = {"rbac": {"mode": "serviceaccount"}}
 VALUE_SETS = [
     pytest.param({}, id="default"),
     pytest.param(CUSTOM, id="custom"),
     pytest.param(NO_RBAC, id="no-rbac"),
+    pytest.param(SERVICE_ACCOUNT, id="serviceaccount"),
 ]
 
 VIEW = ("get", "list", "watch")
@@ -136,11 +138,14 @@ def render(chart: helm.Chart, values: Obj) -> list[Obj]:
 
 
 def expected_kinds(values: Obj) -> list[str]:
-    """The kinds the chart renders with `values`, sorted: the agent, and unless told otherwise
-    its service account and permissions."""
+    """The kinds the chart renders with `values`, sorted: the agent and the holder, unless told
+    otherwise its service account, and with rbac.mode serviceaccount its permissions (the node's
+    identity, the default, needs none)."""
     if values is NO_RBAC:
         return ["DaemonSet", "DaemonSet"]
-    return ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DaemonSet", "ServiceAccount"]
+    if values is SERVICE_ACCOUNT:
+        return ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "DaemonSet", "ServiceAccount"]
+    return ["DaemonSet", "DaemonSet", "ServiceAccount"]
 
 
 def one(objs: list[Obj], kind: str) -> Obj:
@@ -297,7 +302,7 @@ def test_daemonset(chart: helm.Chart, values: Obj, monkeypatch: pytest.MonkeyPat
     assert want["podLabels"].items() <= daemonset["spec"]["template"]["metadata"]["labels"].items()
 
 
-@pytest.mark.parametrize("values", VALUE_SETS[:2])
+@pytest.mark.parametrize("values", [SERVICE_ACCOUNT, {**CUSTOM, **SERVICE_ACCOUNT}])
 def test_rbac_grants_exactly_what_the_api_source_uses(chart: helm.Chart, values: Obj) -> None:
     objs = render(chart, values)
     role, binding = one(objs, "ClusterRole"), one(objs, "ClusterRoleBinding")
@@ -333,7 +338,8 @@ def test_an_existing_service_account_is_used_as_named(chart: helm.Chart) -> None
 
 def test_the_kubernetes_source_uses_the_api_and_no_host_directory(chart: helm.Chart) -> None:
     values = {
-        "source": {"kubernetes": True, "manifests": {"hostPath": ""}, "changeDetection": "Get"}
+        "source": {"kubernetes": True, "manifests": {"hostPath": ""}, "changeDetection": "Get"},
+        **SERVICE_ACCOUNT,
     }
     objs = render(chart, values)
     pod = agent(objs)["spec"]["template"]["spec"]
@@ -552,35 +558,50 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
 CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for verb in VIEW}
 TOKENS = {("", "serviceaccounts/token", "create")}
 API = {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}}
+AS_SA = {**API, "rbac": {"mode": "serviceaccount"}}
 NODE_MODE = {**API, "rbac": {"mode": "node"}}
-READ_AS_POD = {**API, "csi": {"enabled": True, "readAs": "pod"}}
+READ_AS_POD = {**AS_SA, "csi": {"enabled": True, "readAs": "pod"}}
+KUBELETS = {"kubeconfig": "/var/lib/rancher/k3s/agent/kubelet.kubeconfig"}
+
+
+def as_sa(**values: Obj) -> Obj:
+    """`values` with rbac.mode serviceaccount and the API source."""
+    return {**AS_SA, **values, "rbac": {**AS_SA["rbac"], **values.get("rbac", {})}}
 
 
 @pytest.mark.parametrize(
     ("values", "cluster_wide", "namespaced"),
     [
-        pytest.param({}, EXPECTED_RULES, {}, id="default"),
-        pytest.param({"csi": {"enabled": True}}, EXPECTED_RULES - TOKENS, {}, id="csi"),
+        pytest.param(AS_SA, EXPECTED_RULES, {}, id="serviceaccount"),
+        pytest.param(as_sa(csi={"enabled": True}), EXPECTED_RULES - TOKENS, {}, id="csi"),
         pytest.param(
-            {"csi": {"enabled": True}, "rbac": {"namespaces": ["team-a", "team-b"]}},
+            as_sa(csi={"enabled": True}, rbac={"namespaces": ["team-a", "team-b"]}),
             EXPECTED_RULES - TOKENS - CONFIG,
             {"team-a": CONFIG, "team-b": CONFIG},
             id="csi-namespaces",
         ),
         pytest.param(
-            {"rbac": {"namespaces": ["team-a"]}},
+            as_sa(rbac={"namespaces": ["team-a"]}),
             EXPECTED_RULES - CONFIG,
             {"team-a": CONFIG},
             id="namespaces",
         ),
         pytest.param(READ_AS_POD, EXPECTED_RULES - TOKENS - CONFIG, {}, id="read-as-pod"),
         pytest.param(
-            {**READ_AS_POD, "rbac": {"namespaces": ["team-a"]}},
+            {**READ_AS_POD, "rbac": {"mode": "serviceaccount", "namespaces": ["team-a"]}},
             EXPECTED_RULES - TOKENS - CONFIG,
             {},
             id="read-as-pod-namespaces",
         ),
-        pytest.param(NODE_MODE, None, {}, id="node"),
+        pytest.param(API, None, {}, id="default"),
+        pytest.param({**API, "csi": {"enabled": True}}, None, {}, id="node-csi"),
+        pytest.param(
+            {**API, "rbac": {"node": KUBELETS}, "csi": {"enabled": True}},
+            None,
+            {},
+            id="node-kubeconfig-csi",
+        ),
+        pytest.param({**API, "rbac": {"node": KUBELETS}}, None, {}, id="node-kubeconfig"),
         pytest.param({**READ_AS_POD, **NODE_MODE}, None, {}, id="node-read-as-pod"),
     ],
 )
@@ -622,16 +643,7 @@ def test_each_setting_grants_exactly_its_documented_rules(
     assert args.csi_token_requests is not want["csi"]["enabled"]
     assert args.csi_read_as == ("pod" if values.get("csi", {}).get("readAs") == "pod" else "agent")
     if want["rbac"]["mode"] == "node":
-        node = want["rbac"]["node"]
-        assert args.kubeconfig == Path(node["kubeconfig"])
-        assert pod["automountServiceAccountToken"] is False
-        for name, path, kind in (
-            ("kubelet-kubeconfig", node["kubeconfig"], "File"),
-            ("kubelet-certificates", node["certificateDir"], "Directory"),
-        ):
-            assert named(pod["volumes"], name)["hostPath"] == {"path": path, "type": kind}
-            mount = named(container["volumeMounts"], name)
-            assert (mount["mountPath"], mount["readOnly"]) == (path, True)
+        check_node_identity(want, pod)
     if args.csi_read_as == "pod":  # kubelet passes the pod's token for the API server
         requests = one(objs, "CSIDriver")["spec"]["tokenRequests"]
         assert {"audience": ""} in requests
@@ -640,15 +652,67 @@ def test_each_setting_grants_exactly_its_documented_rules(
             kubernetes_validate.validate(obj, version, strict=True)
 
 
+def check_node_identity(want: Obj, pod: Obj) -> None:
+    """As its node the agent has no token; it is given kubelet's kubeconfig and certificate
+    directory, read-only, or with none it finds kubelet's credentials below kubelet's directory
+    and checks the API server with the cluster's CA (kube-root-ca.crt)."""
+    [container] = pod["containers"]
+    args = build_parser().parse_args([a.replace("$(NODE_NAME)", "n") for a in container["args"]])
+    node, kubelet_dir = want["rbac"]["node"], want["csi"]["kubeletDir"]
+    assert pod["automountServiceAccountToken"] is False
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    if node["kubeconfig"]:
+        assert args.kubeconfig == Path(node["kubeconfig"])
+        for name, path, kind in (
+            ("kubelet-kubeconfig", node["kubeconfig"], "File"),
+            ("kubelet-certificates", node["certificateDir"], "Directory"),
+        ):
+            assert volumes[name]["hostPath"] == {"path": path, "type": kind}
+            assert (mounts[name]["mountPath"], mounts[name]["readOnly"]) == (path, True)
+        assert "cluster-ca" not in volumes
+        return
+    assert args.kubeconfig == "kubelet"
+    assert args.kubelet_dir == Path(kubelet_dir)
+    assert volumes["kubelet-dir"]["hostPath"] == {"path": kubelet_dir, "type": "Directory"}
+    assert mounts["kubelet-dir"]["mountPath"] == kubelet_dir
+    if not want["csi"]["enabled"]:  # (with CSI it is mounted Bidirectional for the targets)
+        assert mounts["kubelet-dir"]["readOnly"] is True
+    assert volumes["cluster-ca"]["projected"]["sources"] == [
+        {"configMap": {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}}
+    ]
+    assert mounts["cluster-ca"] == {
+        "name": "cluster-ca",
+        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+        "readOnly": True,
+    }
+    assert not {"kubelet-kubeconfig", "kubelet-certificates"} & volumes.keys()
+
+
+def test_the_default_install_reads_no_secret_and_mints_no_token(chart: helm.Chart) -> None:
+    """The values a cluster user sets and nothing else: no identity of the release may read a
+    Secret or ConfigMap outside what the Node authorizer gives the node, nor create a token."""
+    values = {**API, "csi": {"enabled": True}, "webhook": {"enabled": True}}
+    objs = render(chart, values)
+    rules = [
+        (group, resource, verb)
+        for role in objs
+        if role["kind"] in ("ClusterRole", "Role")
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    ]
+    assert rules  # (the webhook's own: it reads the CSIDriver)
+    for group, resource, verb in rules:
+        assert group != "" or resource not in ("secrets", "configmaps", "serviceaccounts/token")
+        assert "*" not in (group, resource, verb)
+    check_node_identity(merged(values), agent(objs)["spec"]["template"]["spec"])
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
-        pytest.param(
-            {**NODE_MODE, "csi": {"enabled": True}},
-            "rbac.mode: node with csi.enabled needs csi.readAs: pod",
-            id="node-csi-as-agent",
-        ),
-        pytest.param({"rbac": {"mode": "node"}}, "set source.kubernetes", id="node-manifests"),
         pytest.param({**API, "csi": {"readAs": "pod"}}, "set csi.enabled", id="pod-without-csi"),
     ],
 )

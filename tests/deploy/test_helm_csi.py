@@ -87,7 +87,8 @@ def test_csi_driver_and_kubelet_dir(
     volumes = pod["volumes"]
     assert named(volumes, "kubelet-dir")["hostPath"] == {"path": kubelet_dir, "type": "Directory"}
 
-    assert {v["name"] for v in volumes} == {"root", "dev-fuse", "kubelet-dir"}
+    # (the API source as its node: the cluster's CA, kube-root-ca.crt, to check the API server)
+    assert {v["name"] for v in volumes} == {"root", "dev-fuse", "kubelet-dir", "cluster-ca"}
 
 
 @pytest.mark.parametrize(

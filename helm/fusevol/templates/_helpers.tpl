@@ -89,17 +89,25 @@ source.kubernetes.
 {{- end }}
 
 {{/*
-Whose identity reads what, checked: the node's identity reads no CSI volume's objects (the Node
-authorizer knows only what pods' own specs reference), so with CSI it needs csi.readAs pod; and
-csi.readAs pod is a CSI setting.
+"true" when the agent talks to the API server as its node (rbac.mode node with source.kubernetes;
+with the manifests source the agent has no API identity at all), else "".
+*/}}
+{{- define "fusevol.asNode" -}}
+{{- if and .Values.source.kubernetes (eq .Values.rbac.mode "node") }}true{{ end }}
+{{- end }}
+
+{{/*
+"true" when, as its node, the agent finds kubelet's credentials itself (rbac.node.kubeconfig ""):
+below kubelet's directory, with the API server and CA an in-cluster client is given.
+*/}}
+{{- define "fusevol.findsKubelet" -}}
+{{- if and (include "fusevol.asNode" .) (not .Values.rbac.node.kubeconfig) }}true{{ end }}
+{{- end }}
+
+{{/*
+Whose identity reads what, checked: csi.readAs pod is a CSI setting of the API source.
 */}}
 {{- define "fusevol.checkIdentity" -}}
-{{- if and (eq .Values.rbac.mode "node") (not .Values.source.kubernetes) }}
-{{- fail "rbac.mode: node is an identity with the API server: set source.kubernetes as well" }}
-{{- end }}
-{{- if and (eq .Values.rbac.mode "node") .Values.csi.enabled (ne .Values.csi.readAs "pod") }}
-{{- fail "rbac.mode: node with csi.enabled needs csi.readAs: pod (the Node authorizer lets a node read only the objects its pods' own specs name, never a CSI volume's)" }}
-{{- end }}
 {{- if and (eq .Values.csi.readAs "pod") (not (and .Values.csi.enabled .Values.source.kubernetes)) }}
 {{- fail "csi.readAs: pod reads CSI volumes' objects from the Kubernetes API: set csi.enabled and source.kubernetes as well" }}
 {{- end }}
