@@ -68,7 +68,8 @@ def converted(written: Obj) -> Obj:
     """`written` as the webhook makes it (the conversion's JSON Patch, applied)."""
     conversion = convert_pod(copy.deepcopy(written), namespace="default", driver=CONVERTIBLE)
     assert conversion.converted == ("config", "creds", "info", "all"), conversion
-    return jsonpatch.apply_patch(written, conversion.patch)
+    patched: Obj = jsonpatch.apply_patch(written, conversion.patch)
+    return patched
 
 
 @pytest.fixture

@@ -557,10 +557,10 @@ def test_with_csi_the_holder_answers_kubelets_plugin_registration(
 
 CONFIG = {("", resource, verb) for resource in ("configmaps", "secrets") for verb in VIEW}
 TOKENS = {("", "serviceaccounts/token", "create")}
-API = {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}}
-AS_SA = {**API, "rbac": {"mode": "serviceaccount"}}
-NODE_MODE = {**API, "rbac": {"mode": "node"}}
-READ_AS_POD = {**AS_SA, "csi": {"enabled": True, "readAs": "pod"}}
+API: Obj = {"source": {"kubernetes": True, "manifests": {"hostPath": ""}}}
+AS_SA: Obj = {**API, "rbac": {"mode": "serviceaccount"}}
+NODE_MODE: Obj = {**API, "rbac": {"mode": "node"}}
+READ_AS_POD: Obj = {**AS_SA, "csi": {"enabled": True, "readAs": "pod"}}
 KUBELETS = {"kubeconfig": "/var/lib/rancher/k3s/agent/kubelet.kubeconfig"}
 
 
