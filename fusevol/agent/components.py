@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from fusevol.agent.lifecycle import Phase
 from fusevol.agent.readiness import Readiness
 from fusevol.agent.source_setup import build_source
-from fusevol.fuse import snapshot
+from fusevol.fuse import session, snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
 from fusevol.mount.linux import LinuxMountBackend
@@ -67,6 +67,7 @@ class Components:
             self.tree,
             mountpoint=layout.fuse_mountpoint(root),
             grace_s=settings.fuse.old_version_grace_s,
+            store_pages=session.store_pages,
         )
         if self.take_over is not None:
             self.publisher.adopt()

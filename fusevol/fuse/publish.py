@@ -7,8 +7,13 @@ thread of the agent): mkdir of the version directory, symlink
 after a grace period, rmdir of the old version. The kernel thus updates its caches itself, and
 inotify watchers on the volume directory (or on any bind mount of it) see exactly kubelet's events:
 CREATE `..data_tmp`, MOVED_FROM/MOVED_TO `..data`, DELETE of the old version (docs/fuse.md fact 2).
-No file is ever rewritten, and no notify call is needed. A new volume's first version needs none
-of this: its directory appears whole, with no request at all (`_create`).
+No file is ever rewritten. A new volume's first version needs none of this: its directory
+appears whole, with no request at all (`_create`).
+
+Warm before visible (docs/fuse.md fact 15): before `..data` names a new version, and before a
+new volume is bound anywhere, the kernel is given all its first reads would ask for: the helper
+lists the version (entries and attributes) and reads its links back (targets), and the files'
+contents go to the page cache (`store_pages`). The first read of any key is then a hot one.
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
 Only the helpers may perform them (`is_publisher`, checked by `fusevol.fuse.ops`): a helper's
@@ -38,6 +43,7 @@ from fusevol.fuse.nodes import symlink_gid, walk
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from fusevol.fuse.nodes import Node
@@ -63,6 +69,11 @@ class VolumeDir:
 
 HELPERS = 2
 """Helper processes: publishes of different volumes run concurrently, each op takes ~1 ms."""
+WARM_FILES = 1000
+WARM_DIRECTORIES = 100
+WARM_BYTES = 16 << 20
+"""A version is warmed (`_warm`) up to these: beyond, its first reads ask the agent, as before,
+and a tenant's 50,000 keys cost no listing of them before the switch."""
 _TURN = 256
 """Top-level links made or removed in one helper call (`_in_turns`): some 50 ms."""
 
@@ -75,8 +86,18 @@ class PublisherStatistics:
 
 
 class Publisher:
-    def __init__(self, tree: Tree, *, mountpoint: Path, grace_s: float) -> None:
+    def __init__(
+        self,
+        tree: Tree,
+        *,
+        mountpoint: Path,
+        grace_s: float,
+        store_pages: Callable[[list[tuple[int, bytes]]], int] | None = None,
+    ) -> None:
+        """`store_pages`: puts files' content in the kernel's page cache (blocking; run on a
+        worker thread): with it, versions are warmed before they are visible (`_warm`)."""
         self._tree = tree
+        self._store_pages = store_pages
         self._mountpoint = mountpoint
         self._grace_s = grace_s
         self._publishes = 0
@@ -182,7 +203,12 @@ class Publisher:
         volume_dir = self._tree.child(self._tree.root, volume)
         if volume_dir is None:
             assert new is not None, f"volume {volume!r} does not exist"
-            self._create(volume, payload, gid, dir_mode, new)
+            name, version = self._create(volume, payload, gid, dir_mode, new)
+            pages = self._pages(version)
+            if pages is not None:
+                top = [os.fsdecode(n) for n in sorted(_top_level(payload))]
+                await self._vfs("warm", self.path(volume), os.fsdecode(name), top)
+                await self._store(pages)
             return True
         root = self.path(volume)
         old = self._current(volume_dir)
@@ -200,14 +226,15 @@ class Publisher:
         self._tree.stage(volume_dir, name, version)  # (5)
         unlinks = [os.fsdecode(n) for n in sorted(removed)]
         alone = len(links) + len(unlinks) <= _TURN
+        first = (links if alone else links[:_TURN], unlinks if alone else [])
         try:
-            await self._vfs(  # (6)-(9), and (10), (11) when they are short
-                "switch",
-                root,
-                os.fsdecode(name),
-                links if alone else links[:_TURN],
-                unlinks if alone else [],
-            )
+            pages = self._pages(version)
+            if pages is None:
+                await self._vfs("switch", root, os.fsdecode(name), *first)  # (6)-(9), (10), (11)
+            else:
+                await self._vfs("stage", root, os.fsdecode(name))  # (6)-(8), caches warmed
+                await self._store(pages)
+                await self._vfs("commit", root, os.fsdecode(name), *first)  # (9), (10), (11)
         finally:
             self._tree.unstage(volume_dir, name)
         if not alone:
@@ -220,7 +247,7 @@ class Publisher:
 
     def _create(
         self, volume: bytes, payload: Payload, gid: int | None, dir_mode: int, new: VolumeDir
-    ) -> None:
+    ) -> tuple[bytes, Node]:
         """Build the volume's directory in memory as the steps of `publish` would leave it (the
         nested mountpoints, the version, `..data` and the top-level links) and attach it without
         a VFS operation: the kernel holds nothing under a name that does not exist yet, not even
@@ -245,6 +272,35 @@ class Publisher:
                 tree.link(root, top, link)
         tree.add(tree.root, volume, root)
         self._publishes += 1
+        return name, version
+
+    def _pages(self, version: Node) -> list[tuple[int, bytes]] | None:
+        """What `_store` puts in the kernel's page cache for `version`: each file's inode and
+        content; None if versions are not warmed here, or `version` is past the `WARM_*` bounds.
+
+        Warm before visible: the helper's listing gives the kernel every entry and attribute
+        of the version, its reading of the links their targets, and `_store` the files' pages,
+        before `..data` names the version (or, for a new volume, before it is bound anywhere).
+        The first read of any key then asks the agent nothing, as a hot one. The pages are the
+        page cache's, which the kernel may reclaim (as it may not a tmpfs's): at most what
+        kubelet's tmpfs copy of the volume holds, once however many pods share the version."""
+        if self._store_pages is None:
+            return None
+        pages, directories, size = [], 0, 0
+        for node in walk(version):
+            if node.is_dir:
+                directories += 1
+            elif node.data:
+                pages.append((node.inode, node.data))
+                size += len(node.data)
+            if len(pages) > WARM_FILES or directories > WARM_DIRECTORIES or size > WARM_BYTES:
+                return None
+        return pages
+
+    async def _store(self, pages: list[tuple[int, bytes]]) -> None:
+        assert self._store_pages is not None
+        if pages:
+            await trio.to_thread.run_sync(self._store_pages, pages)
 
     def statistics(self) -> PublisherStatistics:
         volumes = len(self._tree.root.children or ())

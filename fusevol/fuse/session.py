@@ -33,7 +33,7 @@ import trio
 from fusevol.node.layout import FUSE_SUBTYPE
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -108,6 +108,25 @@ async def serve(
         if detach and take_over is not None:  # libfuse did not mount it, so it does not unmount
             subprocess.run(["umount", "--lazy", str(mountpoint)], check=False)  # noqa: ASYNC221
         log.info("FUSE %s mountpoint=%s", "unmounted" if detach else "closed", mountpoint)
+
+
+def store_pages(files: Iterable[tuple[int, bytes]]) -> int:
+    """Put each `(inode, content)` in the kernel's page cache of that inode (FUSE_NOTIFY_STORE),
+    so that its first read is answered by the kernel; returns how many were stored. Blocking:
+    the kernel locks the inode's pages, which a read it waits on us for may hold, so this runs on
+    a worker thread, never the trio thread (docs/fuse.md fact 3). An inode the kernel does not
+    hold (it never looked it up, or forgot it) is skipped: its first read asks us, as before."""
+    stored = 0
+    for inode, content in files:
+        try:
+            pyfuse3.notify_store(inode, 0, content)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.debug("pages not stored inode=%d error=%s", inode, exc)
+            break  # (ENOSYS: a kernel without it; anything else says the same of the rest)
+        stored += 1
+    return stored
 
 
 def _resume(operations: pyfuse3.Operations, connection: Connection, options: set[str]) -> None:

@@ -48,20 +48,95 @@ def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None
         os.symlink(name, tmp)  # (8)
         os.rename(tmp, os.path.join(root, DATA))  # (9)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        with contextlib.suppress(OSError):
-            os.rmdir(version)
+        _undo(version, tmp)
         raise
     links(root, missing)  # (10)
     unlinks(root, removed)  # (11)
 
 
-def links(root: str, names: list[str]) -> None:
+def stage(root: str, name: str) -> None:
+    """Steps (6)-(8) of `Publisher.publish`, warming the kernel's caches before (9) makes the
+    version visible: mkdir the staged version, list each of its directories (the kernel's
+    READDIRPLUS: it then holds every name's entry and attributes), symlink `..data_tmp` to it and
+    read that link back (the kernel caches a symlink's target). `commit` renames it onto
+    `..data`: the dentry moves with everything the kernel holds under it."""
+    version = os.path.join(root, name)
+    tmp = os.path.join(root, DATA_TMP)
+    os.mkdir(version)  # (6) the staged content appears whole
+    try:
+        list_tree(version)
+        with contextlib.suppress(FileNotFoundError):  # left by a predecessor killed at (8)
+            os.unlink(tmp)
+        os.symlink(name, tmp)  # (8)
+        os.readlink(tmp)
+    except OSError:
+        _undo(version, tmp)
+        raise
+
+
+def commit(root: str, name: str, missing: list[str], removed: list[str]) -> None:
+    """Steps (9)-(11) after `stage`: rename `..data_tmp` onto `..data`, then create the missing
+    top-level links (read back, so the kernel caches their targets) and unlink the removed."""
+    tmp = os.path.join(root, DATA_TMP)
+    try:
+        os.rename(tmp, os.path.join(root, DATA))  # (9)
+    except OSError:
+        _undo(os.path.join(root, name), tmp)
+        raise
+    links(root, missing, read_back=True)  # (10)
+    unlinks(root, removed)  # (11)
+    # The renames and links made the kernel forget the volume directory's attributes, which
+    # the first path walk through it asks for again (it checks modes): ask now, not the pod.
+    os.readlink(os.path.join(root, DATA))
+
+
+def warm(root: str, name: str, top: list[str]) -> None:
+    """A volume made whole in memory (`Publisher._create`), before it is bound anywhere: read
+    `..data` and the top-level links back and list the version's directories, so the kernel holds
+    what its first reader would have asked for."""
+    os.readlink(os.path.join(root, DATA))
+    for entry in top:
+        with contextlib.suppress(OSError):  # (a name of a version's own: not a link)
+            os.readlink(os.path.join(root, entry))
+    list_tree(os.path.join(root, name))
+
+
+def list_tree(path: str) -> None:
+    """List `path` and every directory below it, through descriptors (a tenant's nesting may
+    make a path longer than the kernel takes whole) and a stack of its own (as deep as it is)."""
+    stack = [os.open(path, os.O_RDONLY | os.O_DIRECTORY)]
+    try:
+        while stack:
+            fd = stack.pop()
+            try:
+                with os.scandir(fd) as entries:
+                    below = [e.name for e in entries if e.is_dir(follow_symlinks=False)]
+                stack.extend(
+                    os.open(entry, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+                    for entry in below
+                )
+            finally:
+                os.close(fd)
+    finally:
+        for fd in stack:
+            os.close(fd)
+
+
+def _undo(version: str, tmp: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(tmp)
+    with contextlib.suppress(OSError):
+        os.rmdir(version)
+
+
+def links(root: str, names: list[str], *, read_back: bool = False) -> None:
     """Create `name -> ..data/name` for each name; an existing one is kept."""
     for entry in names:
+        path = os.path.join(root, entry)
         with contextlib.suppress(FileExistsError):
-            os.symlink(f"{DATA}/{entry}", os.path.join(root, entry))
+            os.symlink(f"{DATA}/{entry}", path)
+        if read_back:
+            os.readlink(path)
 
 
 def unlinks(root: str, names: list[str]) -> None:
@@ -76,6 +151,9 @@ OPERATIONS: dict[str, Callable[..., None]] = {
     "rmdir": os.rmdir,
     "unlink": os.unlink,
     "switch": switch,
+    "stage": stage,
+    "commit": commit,
+    "warm": warm,
     "links": links,
     "unlinks": unlinks,
 }

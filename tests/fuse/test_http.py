@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from typing import TYPE_CHECKING
 
@@ -67,6 +68,11 @@ def test_metrics_move_with_a_scenario(agent: AgentProcess, manifests: Path) -> N
     volume = agent.volume(POD_UID, "configmap", "config")
     write_atomically(manifests / "configmap.yaml", configmap(a="2"))
     wait_for(lambda: (volume / "a").read_text() == "2")
+    # The new version's pages were put in the kernel's page cache before it showed: drop them,
+    # so that a read asks the agent.
+    fd = os.open(volume / "b", os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    os.close(fd)
     for _ in range(10):
         (volume / "b").read_text()
 

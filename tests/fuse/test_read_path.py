@@ -18,7 +18,7 @@ import pytest
 
 from fusevol.fuse.session import has_fast_read_path
 from tests.agent import wait_for, write_atomically
-from tests.manifests import POD_UID, configmap
+from tests.manifests import POD_UID, configmap, pod
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -120,3 +120,48 @@ def test_without_open_requests_writes_are_still_erofs(agent: AgentProcess, flags
 
     assert hot_read(in_pod) == hot_read(in_mount) == b"alpha"
     assert os.stat(in_mount).st_size == len(b"alpha")
+
+
+# -- warm before visible ---------------------------------------------------------------------------
+
+FIRST_READ = (*NO_REQUEST, "readdir", "opendir")
+
+
+def requests_during_first_reads(agent: AgentProcess, files: dict[Path, bytes]) -> dict[str, int]:
+    """Read each of `files` once, as a program reloading its configuration does: the requests
+    the agent answered meanwhile. (The connection's first open, answered ENOSYS, was made
+    before: `no_open`.)"""
+    before = agent.fuse_requests()
+    for path, expected in files.items():
+        assert hot_read(path) == expected
+    return {op: n for op, n in (agent.fuse_requests() - before).items() if op in FIRST_READ}
+
+
+@pytest.mark.usefixtures("capabilities")
+def test_a_new_pods_first_reads_ask_the_agent_nothing(agent: AgentProcess, manifests: Path) -> None:
+    """A volume set up for a new pod is in the kernel's caches before it is bound into the pod's
+    directory: entries, attributes, link targets and pages."""
+    assert hot_read(agent.volume(POD_UID, "configmap", "config") / "a") == b"alpha"  # (no_open)
+    uid = "11111111-2222-4333-8444-666666666666"
+    (manifests / "pod-2.yaml").write_text(pod("web-2", uid))
+    volume = agent.wait_mounted(agent.volume(uid, "configmap", "config"))
+    creds = agent.wait_mounted(agent.volume(uid, "secret", "creds"))
+    files = {volume / "a": b"alpha", volume / "b": b"beta", creds / "token": b"t0ken"}
+    assert requests_during_first_reads(agent, files) == {}
+
+
+@pytest.mark.usefixtures("capabilities")
+def test_the_first_reads_of_a_new_version_ask_the_agent_nothing(
+    agent: AgentProcess, manifests: Path
+) -> None:
+    """Before `..data` names a new version, the kernel holds its entries, attributes and pages:
+    a reloader reading every key when `..data` moves asks nothing (it was ~4 requests a key)."""
+    volume = agent.volume(POD_UID, "configmap", "config")
+    assert hot_read(volume / "a") == b"alpha"  # (no_open)
+    for version in range(2, 5):
+        old = os.readlink(volume / "..data")
+        write_atomically(manifests / "configmap.yaml", configmap(a=f"{version}", b=f"b{version}"))
+        wait_for(lambda: os.readlink(volume / "..data") != old)  # noqa: B023 (read at once)
+        wait_for(lambda: agent.volume_status(POD_UID, "config").get("state") == "mounted")
+        files = {volume / "a": f"{version}".encode(), volume / "b": f"b{version}".encode()}
+        assert requests_during_first_reads(agent, files) == {}
