@@ -4,6 +4,8 @@
 
 Rows, each from one module of this package (run alone for details):
   1-2  hot and cold read of a 1 KiB key, vs the same layout on tmpfs        read_path.py
+  1b   first reads of 100 keys after an update (on ..data's inotify event)  first_read.py
+       and after set-up, vs the same on tmpfs
   3    update propagation, manifest save -> visible, p50/p99 of 100         update_latency.py
        and API write -> visible (a loopback API server), p50/p99 of 100     api_latency.py
   4    fan-out: N pods on one 256 KiB ConfigMap vs N AtomicWriter copies    fanout.py
@@ -34,6 +36,7 @@ from bench import (
     burst,
     cold_throughput,
     fanout,
+    first_read,
     many_volumes,
     percentile,
     read_path,
@@ -58,6 +61,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         setups, _ = read_path.run(Path(tmp), iterations=iterations, versions=versions)
+    first = first_read.measure(versions=versions // 2, pods=5 if args.quick else 20)
     updates = update_latency.measure(edits)
     api_updates = api_latency.measure(edits)
     fan = [(n, fanout.fusevol(n), fanout.kubelet(n)) for n in fanout_pods]
@@ -76,6 +80,10 @@ def main() -> None:
         f = statistics.median(getattr(fusevol_setup, attr)) / 1e3
         t = statistics.median(getattr(tmpfs_setup, attr)) / 1e3
         what = f"1-2 {label} read, 1 KiB key, open+read+close"
+        _row(what, f"{f:.1f} µs", f"tmpfs, kubelet layout {t:.1f} µs", f"{f / t:.2f}x the time")
+    for label, samples in (("update", first.update), ("set-up", first.setup)):
+        f, t = (statistics.median(samples[side]) / 1e3 for side in ("fusevol", "tmpfs"))
+        what = f"1b  first read of each key after {label}"
         _row(what, f"{f:.1f} µs", f"tmpfs, kubelet layout {t:.1f} µs", f"{f / t:.2f}x the time")
     for what, latencies in (("manifest save", updates), ("API write", api_updates)):
         p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
