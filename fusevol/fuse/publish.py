@@ -242,7 +242,7 @@ class Publisher:
             await self._in_turns("unlinks", root, unlinks)  # (11)
         self._publishes += 1
         if old is not None:  # (12)
-            self._remove_later(root / os.fsdecode(old))
+            self._remove_later(root / os.fsdecode(old), "retire")
         return True
 
     def _create(

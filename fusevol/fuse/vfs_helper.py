@@ -122,6 +122,14 @@ def list_tree(path: str) -> None:
             os.close(fd)
 
 
+def retire(version: str) -> None:
+    """Step (12) of `Publisher.publish`: remove an old version, then read `..data` back: the
+    removal made the kernel forget the volume directory's attributes (as `commit` says)."""
+    os.rmdir(version)
+    with contextlib.suppress(OSError):
+        os.readlink(os.path.join(os.path.dirname(version), DATA))
+
+
 def _undo(version: str, tmp: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(tmp)
@@ -154,6 +162,7 @@ OPERATIONS: dict[str, Callable[..., None]] = {
     "stage": stage,
     "commit": commit,
     "warm": warm,
+    "retire": retire,
     "links": links,
     "unlinks": unlinks,
 }

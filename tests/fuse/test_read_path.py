@@ -130,11 +130,17 @@ FIRST_READ = (*NO_REQUEST, "readdir", "opendir")
 def requests_during_first_reads(agent: AgentProcess, files: dict[Path, bytes]) -> dict[str, int]:
     """Read each of `files` once, as a program reloading its configuration does: the requests
     the agent answered meanwhile. (The connection's first open, answered ENOSYS, was made
-    before: `no_open`.)"""
+    before: `no_open`.) A getattr of a volume directory is left out, once a volume: a change in
+    it (an old version removed after its grace period) makes the kernel forget its attributes
+    until the publisher's helper asks again, and a reader walking through it in between asks
+    instead (docs/fuse.md fact 15)."""
     before = agent.fuse_requests()
     for path, expected in files.items():
         assert hot_read(path) == expected
-    return {op: n for op, n in (agent.fuse_requests() - before).items() if op in FIRST_READ}
+    made = agent.fuse_requests() - before
+    volumes = len({path.parent for path in files})
+    made["getattr"] = max(0, made["getattr"] - volumes)
+    return {op: n for op, n in made.items() if op in FIRST_READ and n}
 
 
 @pytest.mark.usefixtures("capabilities")
