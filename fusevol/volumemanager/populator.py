@@ -182,7 +182,10 @@ class Populator:
                 log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
         if self._annotations is not None:
             if synced:  # before, a pod not delivered yet is not gone
-                self._annotations.first_seen.retain(pods.keys())
+                # A CSI volume's pod lives as long as kubelet's volume does, in the store or
+                # not (deleted, or not delivered yet): its time must not change pass to pass.
+                csi_pods = {csi.pod.uid for csi in self._desired.csi_volumes()}
+                self._annotations.first_seen.retain(pods.keys() | csi_pods)
             self._annotations.first_seen.save()  # before any volume shows a new time
         for pod in pods.values():
             if self._resolved.get(pod.uid) is pod:

@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -18,18 +19,18 @@ from fusevol.model import (
     Pod,
     PodUID,
     ResourceVersion,
+    UniqueVolumeName,
     Volume,
     VolumeName,
 )
 from fusevol.projection.downward import NodeAllocatable, make_payload
-from fusevol.volumemanager.cache.desired import DesiredState
+from fusevol.volumemanager.cache.desired import CsiVolume, DesiredState
 from fusevol.volumemanager.cache.seen import FirstSeen, go_timestamp
 from fusevol.volumemanager.cache.store import ObjectStore
 from fusevol.volumemanager.populator import ConfigSource, KubeletAnnotations, Populator
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
-    from pathlib import Path
 
 # 2026-11-23T18:11:14Z and a fraction whose trailing zeros Go's fixed layout keeps.
 SECOND = 1795457474
@@ -273,3 +274,38 @@ def test_the_annotations_are_one_mapping_read_through_the_pods_own(source: Confi
     assert annotations.get("kubernetes.io/config.hash") == added.get("kubernetes.io/config.hash")
     assert repr(annotations) == repr(merged)
     assert not hasattr(annotations, "__dict__")
+
+
+def test_a_csi_volumes_pod_keeps_its_time_while_the_store_has_it_not() -> None:
+    """A CSI volume outlives its pod in the store (deleted, kubelet not done unpublishing; or
+    published before the source delivered it): its time is kept pass to pass. It was recorded
+    anew at each pass and forgotten at the next: every pass then changed the volume, which
+    started another pass (an agent of the cluster kit switched one volume 60 times a second)."""
+    clock = iter(range(NS, NS + 100 * 10**9, 10**9))
+    record = FirstSeen(path=None, clock=lambda: next(clock))
+    store, desired = ObjectStore(), DesiredState()
+    populator = Populator(
+        store=store,
+        desired=desired,
+        annotations=KubeletAnnotations(ConfigSource.API, record),
+        pod_volumes=False,
+    )
+    csi = CsiVolume(
+        UniqueVolumeName("kubernetes.io/csi/fusevol.io^csi-1"),
+        POD,
+        POD.volumes[0],
+        Path("/var/lib/kubelet/pods/x/volumes/kubernetes.io~csi/info/mount"),
+    )
+    desired.set_csi(csi)
+    store.mark_synced()  # the store does not hold the pod
+    populator.populate()
+    generation = desired.generation
+    first = desired.get(csi.name)
+    for _ in range(3):
+        populator.populate()
+    assert desired.generation == generation  # nothing changed: no pass to follow
+    assert desired.get(csi.name) == first
+    assert record.statistics().pods == 1
+    desired.delete_csi(csi.name)  # unpublished: forgotten at the next pass
+    populator.populate()
+    assert record.statistics().pods == 0
