@@ -69,6 +69,9 @@ class VolumeDir:
 
 HELPERS = 2
 """Helper processes: publishes of different volumes run concurrently, each op takes ~1 ms."""
+_LOOKED_UP = 3
+"""A version of this many files at most, all at its top, has them looked up one by one (a
+request each) instead of listed (four requests a directory)."""
 WARM_FILES = 1000
 WARM_DIRECTORIES = 100
 WARM_BYTES = 16 << 20
@@ -98,6 +101,8 @@ class Publisher:
         worker thread): with it, versions are warmed before they are visible (`_warm`)."""
         self._tree = tree
         self._store_pages = store_pages
+        self._warms: list[_Waiting] = []
+        self._warming = trio.Lock()
         self._mountpoint = mountpoint
         self._grace_s = grace_s
         self._publishes = 0
@@ -207,8 +212,8 @@ class Publisher:
             pages = self._pages(version)
             if pages is not None:
                 top = [os.fsdecode(n) for n in sorted(_top_level(payload))]
-                await self._vfs("warm", self.path(volume), os.fsdecode(name), top)
-                await self._store(pages)
+                look_up = _looked_up(version)
+                await self._warm([str(self.path(volume)), os.fsdecode(name), top, look_up], pages)
             return True
         root = self.path(volume)
         old = self._current(volume_dir)
@@ -232,7 +237,8 @@ class Publisher:
             if pages is None:
                 await self._vfs("switch", root, os.fsdecode(name), *first)  # (6)-(9), (10), (11)
             else:
-                await self._vfs("stage", root, os.fsdecode(name))  # (6)-(8), caches warmed
+                stage = ("stage", root, os.fsdecode(name), _looked_up(version))
+                await self._vfs(*stage)  # (6)-(8), caches warmed
                 await self._store(pages)
                 await self._vfs("commit", root, os.fsdecode(name), *first)  # (9), (10), (11)
         finally:
@@ -296,6 +302,24 @@ class Publisher:
             if len(pages) > WARM_FILES or directories > WARM_DIRECTORIES or size > WARM_BYTES:
                 return None
         return pages
+
+    async def _warm(self, volume: list[Any], pages: list[tuple[int, bytes]]) -> None:
+        """Warm a new volume (`vfs_helper.warm`), with the others that wait meanwhile: the volumes
+        of a pod set up together (a pod with 100 volumes) take a helper call or two, not one
+        each. The first caller sends what is pending; while it runs, the next ones queue behind
+        it, and the first of them sends all of theirs."""
+        waiting = _Waiting(volume, pages)
+        self._warms.append(waiting)
+        async with self._warming:
+            if waiting.done:
+                return
+            batch, self._warms = self._warms, []
+            try:
+                await self._vfs("warm", [each.volume for each in batch])
+                await self._store([page for each in batch for page in each.pages])
+            finally:
+                for each in batch:
+                    each.done = True
 
     async def _store(self, pages: list[tuple[int, bytes]]) -> None:
         assert self._store_pages is not None
@@ -370,6 +394,25 @@ class Publisher:
         with contextlib.suppress(ValueError):
             self._idle.remove(helper)
         helper.kill()
+
+
+@dataclass(slots=True)
+class _Waiting:
+    """A new volume waiting to be warmed (`Publisher._warm`)."""
+
+    volume: list[Any]
+    pages: list[tuple[int, bytes]]
+    done: bool = False
+
+
+def _looked_up(version: Node) -> list[str] | None:
+    """The files `vfs_helper.look_up` looks up one by one, or None to list the version."""
+    children = version.children
+    if children is None:
+        return []
+    if len(children) > _LOOKED_UP or any(node.is_dir for node in children.values()):
+        return None
+    return [os.fsdecode(name) for name in children]
 
 
 def _holds(version: Node, payload: Payload, gid: int | None, dir_mode: int) -> bool:

@@ -54,7 +54,7 @@ def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None
     unlinks(root, removed)  # (11)
 
 
-def stage(root: str, name: str) -> None:
+def stage(root: str, name: str, files: list[str] | None = None) -> None:
     """Steps (6)-(8) of `Publisher.publish`, warming the kernel's caches before (9) makes the
     version visible: mkdir the staged version, list each of its directories (the kernel's
     READDIRPLUS: it then holds every name's entry and attributes), symlink `..data_tmp` to it and
@@ -64,7 +64,7 @@ def stage(root: str, name: str) -> None:
     tmp = os.path.join(root, DATA_TMP)
     os.mkdir(version)  # (6) the staged content appears whole
     try:
-        list_tree(version)
+        look_up(version, files)
         with contextlib.suppress(FileNotFoundError):  # left by a predecessor killed at (8)
             os.unlink(tmp)
         os.symlink(name, tmp)  # (8)
@@ -90,15 +90,29 @@ def commit(root: str, name: str, missing: list[str], removed: list[str]) -> None
     os.readlink(os.path.join(root, DATA))
 
 
-def warm(root: str, name: str, top: list[str]) -> None:
-    """A volume made whole in memory (`Publisher._create`), before it is bound anywhere: read
-    `..data` and the top-level links back and list the version's directories, so the kernel holds
-    what its first reader would have asked for."""
-    os.readlink(os.path.join(root, DATA))
-    for entry in top:
-        with contextlib.suppress(OSError):  # (a name of a version's own: not a link)
-            os.readlink(os.path.join(root, entry))
-    list_tree(os.path.join(root, name))
+def warm(volumes: list[list[Any]]) -> None:
+    """Volumes made whole in memory (`Publisher._create`), before they are bound anywhere, each
+    `[root, version name, top-level names, files]`: read `..data` and the top-level links back and
+    look the version's files up (`look_up`), so the kernel holds what a first reader would have
+    asked for. Best effort, volume by volume: one that fails is left cold."""
+    for root, name, top, files in volumes:
+        with contextlib.suppress(OSError):
+            os.readlink(os.path.join(root, DATA))
+            for entry in top:
+                with contextlib.suppress(OSError):  # (a name of a version's own: not a link)
+                    os.readlink(os.path.join(root, entry))
+            look_up(os.path.join(root, name), files)
+
+
+def look_up(version: str, files: list[str] | None) -> None:
+    """Give the kernel the entry and attributes of every name in `version`: an lstat of each of
+    `files` (a lookup each: fewer requests for a few files at its top), else a listing of every
+    directory (`list_tree`)."""
+    if files is None:
+        list_tree(version)
+        return
+    for entry in files:
+        os.lstat(os.path.join(version, entry))
 
 
 def list_tree(path: str) -> None:
