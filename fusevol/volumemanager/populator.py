@@ -161,6 +161,10 @@ class Populator:
         annotations are of), so an unchanged pod costs one identity check."""
         self._has_added_pods = False
         self._to_provision: dict[ObjectKey, ClaimToProvision] = {}
+        self._csi_resolved: dict[UniqueVolumeName, tuple[CsiVolume, Pod | None]] = {}
+        """Per CSI volume, what its last resolution was made of (the volume as published, the
+        store's pod): while both are the same objects, resolving it again changes nothing, and a
+        burst of publishes (kubelet's, 80 at once) need not resolve every volume at every pass."""
         self._resolved: dict[PodUID, Pod] = {}
         """Pods resolved already whose volumes depend on nothing but the pod (no claim): while the
         store holds the same object, resolving it again cannot change anything."""
@@ -202,8 +206,15 @@ class Populator:
                 self._resolved[pod.uid] = pod
             else:
                 self._resolved.pop(pod.uid, None)
-        for csi in self._desired.csi_volumes():
-            self._desired.set_resolved(csi.name, self.resolve_csi(csi))
+        csi_volumes = self._desired.csi_volumes()
+        made_of = {}
+        for csi in csi_volumes:
+            stored = self._store.get(csi.pod.key, Pod)
+            made_of[csi.name] = (csi, stored)
+            last = self._csi_resolved.get(csi.name)
+            if last is None or last[0] is not csi or last[1] is not stored:
+                self._desired.set_resolved(csi.name, self.resolve_csi(csi, stored))
+        self._csi_resolved = made_of
         self._collect_selected_claims()
         if synced:
             self._has_added_pods = True
@@ -256,12 +267,12 @@ class Populator:
             read_only=read_only,
         )
 
-    def resolve_csi(self, csi: CsiVolume) -> VolumeToServe:
+    def resolve_csi(self, csi: CsiVolume, stored: Pod | None = None) -> VolumeToServe:
         """A CSI volume with the store's copy of its pod (the same uid), else the one it has,
         with kubelet's annotations as a pod-spec volume has them (a downward API file of
         `metadata.annotations` shows them); fsGroup is the publish's `volume_mount_group`, and
         the bind is at kubelet's target."""
-        pod = self._store.get(csi.pod.key, Pod)
+        pod = stored if stored is not None else self._store.get(csi.pod.key, Pod)
         if pod is None or pod.uid != csi.pod.uid:
             pod = csi.pod
         pod = dataclasses.replace(self._accept(pod), fs_group=csi.fs_group)
