@@ -13,6 +13,7 @@ Rows, each from one module of this package (run alone for details):
        vs the same burst with 1 pod; set-up, tear-down and the agent's RSS
        per pod volume with 2000 pods vs 500
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
+  5b   NodePublishVolume, one pod and 20 at once, vs AtomicWriter's writes   csi_publish.py
   6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
 
 Run alone, not in this table (it needs containerd and runc): reader pauses when the agent is
@@ -35,6 +36,7 @@ from bench import (
     api_latency,
     burst,
     cold_throughput,
+    csi_publish,
     fanout,
     first_read,
     many_volumes,
@@ -71,6 +73,7 @@ def main() -> None:
     setup_pods = (25, 100) if args.quick else (500, 2000)
     small, large = burst.setup_ratio(*setup_pods)
     hundred = many_volumes.measure(100)
+    publishes = csi_publish.measure(singles=5 if args.quick else 10, bursts=2 if args.quick else 3)
     cold = cold_throughput.measure(2000, 3 if args.quick else 5)
 
     _row("row", "fusevol", "baseline (same run)", "fusevol vs baseline")
@@ -142,6 +145,14 @@ def main() -> None:
         f"{22 / hundred.fusevol_s:.0f}x faster; writer alone "
         f"{hundred.kubelet_writer_s * 1e3:.0f} ms",
     )
+    for what, timings in (("one pod", publishes.single), ("20 pods at once", publishes.burst)):
+        f, k = (statistics.median(timings[side]) for side in ("fusevol", "kubelet"))
+        _row(
+            f"5b  NodePublishVolume, {what}, p50",
+            f"{f * 1e3:.1f} ms",
+            f"AtomicWriter's writes {k * 1e3:.1f} ms",
+            f"{f / k:.1f}x the time",
+        )
     for clients in cold_throughput.CLIENTS:
         f = statistics.median(cold.fusevol[clients])
         t = statistics.median(cold.tmpfs[clients])
