@@ -58,12 +58,14 @@ def kubelet_dir(tmp_path: Path) -> Iterator[Path]:
 def csi_agent(
     api: ApiServer, tmp_path: Path, kubelet_dir: Path
 ) -> Callable[..., contextlib.AbstractContextManager[tuple[AgentProcess, Kubelet]]]:
-    """`with csi_agent() as (agent, kubelet):` the agent serving CSI, and kubelet talking to it."""
-    kubeconfig = api.write_kubeconfig(tmp_path / "kubeconfig")
+    """`with csi_agent() as (agent, kubelet):` the agent serving CSI, and kubelet talking to it;
+    `csi_agent(kubeconfig=PATH)`: as the identity that kubeconfig names (the API server's admin's
+    by default)."""
+    admin = api.write_kubeconfig(tmp_path / "kubeconfig")
     socket = tmp_path / "plugins" / DRIVER / "csi.sock"
 
     @contextlib.contextmanager
-    def start(*args: str) -> Iterator[tuple[AgentProcess, Kubelet]]:
+    def start(*args: str, kubeconfig: Path = admin) -> Iterator[tuple[AgentProcess, Kubelet]]:
         extra = ("--csi-endpoint", f"unix://{socket}", "--kubelet-dir", str(kubelet_dir))
         root = tmp_path / "root"
         with running_agent(None, root, "--kubeconfig", str(kubeconfig), *extra, *args) as agent:

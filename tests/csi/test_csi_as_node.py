@@ -16,16 +16,17 @@ import jsonpatch
 import pytest
 
 from fusevol.webhook.convert import Driver, convert_pod
-from tests.agent import NODE, running_agent, wait_for
+from tests.agent import NODE, wait_for
 from tests.csi.conftest import csi_volume, pod
-from tests.csi.kubelet import DRIVER, Kubelet
 from tests.helpers.h2server import certificates
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    import contextlib
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from tests.agent import AgentProcess
+    from tests.csi.kubelet import Kubelet
     from tests.helpers.apiserver import ApiServer
 
 Obj = dict[str, Any]
@@ -74,24 +75,15 @@ def converted(written: Obj) -> Obj:
 
 @pytest.fixture
 def node_agent(
-    api: ApiServer, tmp_path: Path, kubelet_dir: Path
+    api: ApiServer,
+    tmp_path: Path,
+    csi_agent: Callable[..., contextlib.AbstractContextManager[tuple[AgentProcess, Kubelet]]],
 ) -> Iterator[tuple[AgentProcess, Kubelet]]:
     """The agent as its node, with kubelet's kubeconfig, serving CSI as the chart runs it."""
     pem = certificates().client(f"system:node:{NODE}", ("system:nodes",))
     kubeconfig = api.write_kubeconfig(tmp_path / "kubelet.conf", client_certificate=pem)
-    socket = tmp_path / "plugins" / DRIVER / "csi.sock"
-    args = (
-        *("--kubeconfig", str(kubeconfig)),
-        *("--csi-endpoint", f"unix://{socket}", "--kubelet-dir", str(kubelet_dir)),
-        *("--csi-token-requests", "false"),
-    )
-    with running_agent(None, tmp_path / "root", *args) as agent:
-        kubelet = Kubelet(kubelet_dir, socket, NODE)
-        try:
-            yield agent, kubelet
-        finally:
-            kubelet.close()
-        agent.stop()
+    with csi_agent("--csi-token-requests", "false", kubeconfig=kubeconfig) as started:
+        yield started
 
 
 def test_a_converted_pod_is_served_to_its_node_with_updates(
