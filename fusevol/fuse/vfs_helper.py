@@ -39,16 +39,11 @@ cannot be seen: a number no distribution or cluster hands out."""
 def switch(root: str, name: str, missing: list[str], removed: list[str]) -> None:
     """Steps (6)-(11) of `Publisher.publish`: mkdir the staged version, symlink `..data_tmp` to it,
     rename it onto `..data`, then create the missing top-level links and unlink the removed."""
-    version = os.path.join(root, name)
-    tmp = os.path.join(root, DATA_TMP)
-    os.mkdir(version)  # (6) the staged content appears whole
+    tmp = _stage(root, name, None, warm=False)
     try:
-        with contextlib.suppress(FileNotFoundError):  # left by a predecessor killed at (8)
-            os.unlink(tmp)
-        os.symlink(name, tmp)  # (8)
         os.rename(tmp, os.path.join(root, DATA))  # (9)
     except OSError:
-        _undo(version, tmp)
+        _undo(os.path.join(root, name), tmp)
         raise
     links(root, missing)  # (10)
     unlinks(root, removed)  # (11)
@@ -60,18 +55,26 @@ def stage(root: str, name: str, files: list[str] | None = None) -> None:
     READDIRPLUS: it then holds every name's entry and attributes), symlink `..data_tmp` to it and
     read that link back (the kernel caches a symlink's target). `commit` renames it onto
     `..data`: the dentry moves with everything the kernel holds under it."""
+    _stage(root, name, files, warm=True)
+
+
+def _stage(root: str, name: str, files: list[str] | None, *, warm: bool) -> str:
+    """Steps (6)-(8), and with `warm` the look-ups of `stage`; the path of `..data_tmp`."""
     version = os.path.join(root, name)
     tmp = os.path.join(root, DATA_TMP)
     os.mkdir(version)  # (6) the staged content appears whole
     try:
-        look_up(version, files)
+        if warm:
+            look_up(version, files)
         with contextlib.suppress(FileNotFoundError):  # left by a predecessor killed at (8)
             os.unlink(tmp)
         os.symlink(name, tmp)  # (8)
-        os.readlink(tmp)
+        if warm:
+            os.readlink(tmp)
     except OSError:
         _undo(version, tmp)
         raise
+    return tmp
 
 
 def commit(root: str, name: str, missing: list[str], removed: list[str]) -> None:
