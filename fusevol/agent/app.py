@@ -57,8 +57,8 @@ from fusevol.agent.holder import offer
 from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
-from fusevol.fuse import follow_process
 from fusevol.fuse.naming import ConnectionKey
+from fusevol.fuse.servers import SERVERS
 from fusevol.fuse.session import Connection, serve
 from fusevol.node import layout
 from fusevol.volumemanager.reconciler.reconstruct import (
@@ -167,6 +167,7 @@ class Agent:
         if self.settings.http.port >= 0:
             await nursery.start(components.http.run)
         nursery.start_soon(sdnotify.watchdog)
+        nursery.start_soon(components.audit.run)
         api = components.api_statistics
         nursery.start_soon(
             functools.partial(
@@ -265,7 +266,8 @@ class Agent:
             await self.components.reconciler.unmount_all()
             await unmount_all_below(self.components.backend, layout.pods_dir(root))
             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
-            await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
+            for server in SERVERS:  # their binds are gone
+                await trio.to_thread.run_sync(server.stop, root)
         if predecessor is not None:  # its binds went with ours
             with trio.CancelScope(shield=True):
                 await predecessor.release()

@@ -20,9 +20,11 @@ from fusevol.agent.source_setup import build_source
 from fusevol.fuse import session, snapshot
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.publish import Publisher
+from fusevol.model.audit import AuditLevel
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
 from fusevol.observe import component_metrics
+from fusevol.observe.audit import AuditFollower
 from fusevol.observe.auth import Authorizer
 from fusevol.observe.frozen import FrozenVolumes
 from fusevol.observe.http import HealthServer
@@ -35,6 +37,7 @@ from fusevol.volumemanager.cache.desired import DesiredState
 from fusevol.volumemanager.cache.seen import FirstSeen
 from fusevol.volumemanager.cache.store import ObjectStore
 from fusevol.volumemanager.populator import ConfigSource, KubeletAnnotations, Populator
+from fusevol.volumemanager.reconciler.auditing import Auditing
 from fusevol.volumemanager.reconciler.executor import Executor
 from fusevol.volumemanager.reconciler.loop import Reconciler
 from fusevol.volumemanager.reconciler.volumes import Volumes
@@ -91,6 +94,13 @@ class Components:
             observe_propagation=self.metrics.update_propagation.observe,
             git_timeout_s=settings.mount.git_timeout_s,
             subtree_names=self._subtree_name,
+            auditing=Auditing(
+                root=root,
+                node_name=settings.node_name,
+                default=AuditLevel.parse(settings.audit.default, where="--audit"),
+                start_server=settings.audit.start_server,
+                runtime_state=settings.audit.runtime_state,
+            ),
         )
         built = build_source(settings, self.store)
         self.source = built.source
@@ -106,6 +116,13 @@ class Components:
             warn=self.source.volume_frozen,
             changed=lambda: self.status.changed(),
         )
+        self.audit = AuditFollower(root, stdout=settings.audit.stdout)
+        self.metrics.add_counter(
+            "fusevol_audit_reads_total",
+            "Opens of audited files, by the pod whose volume it is, the object and the key",
+            ["namespace", "pod", "kind", "object", "key"],
+            self.audit.counts,
+        )
         self.status = StatusReporter(
             root=root,
             node_name=settings.node_name,
@@ -115,6 +132,7 @@ class Components:
             statistics=self.statistics,
             object_versions=self.volumes.object_versions,
             frozen=self.frozen.snapshot,
+            audited=self.audit.volumes,
             at_rest=self._tidy,
         )
         self.reconciler = Reconciler(

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from pathlib import Path
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +124,23 @@ class CsiSettings:
     `audience: ""`), so that the pod's RBAC decides; False: with the agent's identity."""
 
 
+@dataclass(frozen=True, slots=True)
+class AuditSettings:
+    """The audit of reads (`fusevol.fuse.audit`; which volumes: `fusevol.model.audit`)."""
+
+    default: str = "off"
+    """The node's level for every pod: `off`, `secrets` or `all` (pods and namespaces may ask
+    for more, never less)."""
+    stdout: bool = False
+    """Also copy each record to the agent's standard output, for the node's log collector (the
+    file under the root is written either way)."""
+    start_server: bool = True
+    """Start the audit server when a volume is audited; False where another supervisor runs it
+    (the chart's audit DaemonSet, which outlives the agent's rollouts)."""
+    runtime_state: Path | None = Path("/run/containerd")
+    """containerd's state directory: the audit server reads the containers' names from it."""
+
+
 DEFAULT_ROOT = "/var/lib/fusevol"
 """`Settings.root` when none is given."""
 
@@ -151,3 +165,4 @@ class Settings:
     http: HttpSettings = field(default_factory=HttpSettings)
     csi: CsiSettings | None = None
     """Serve kubelet's CSI calls (then only what kubelet publishes is served, not pod volumes)."""
+    audit: AuditSettings = field(default_factory=AuditSettings)

@@ -16,6 +16,7 @@ from fusevol.base import heap, log
 from fusevol.base.errors import FusevolError
 from fusevol.base.settings import (
     KUBELET,
+    AuditSettings,
     ChangeDetection,
     CsiSettings,
     HttpSettings,
@@ -71,6 +72,12 @@ def main(args: argparse.Namespace) -> int:
         )
         if args.csi_endpoint
         else None,
+        audit=AuditSettings(
+            default=args.audit,
+            stdout=args.audit_stdout,
+            start_server=args.audit_server == "agent",
+            runtime_state=args.container_runtime_state.absolute(),
+        ),
     )
     trio.run(run_until_signalled, settings)
     logging.getLogger(__name__).info("stopped")

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from fusevol.base.settings import (
     DEFAULT_KUBELET_DIR,
     KUBELET,
+    AuditSettings,
     ChangeDetection,
     HttpSettings,
     KubeSettings,
@@ -39,6 +40,7 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
     """`fusevol run` and its flags, added to the top-level parser's `commands`."""
     kube = KubeSettings()
     http = HttpSettings()
+    audit = AuditSettings()
 
     run = commands.add_parser(
         "run",
@@ -209,6 +211,41 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
         help="who answers kubelet's plugin registration of the driver: the agent, or `fusevol "
         "hold --csi-endpoint ...` (a rollout then never registers it again) (default: "
         "%(default)s)",
+    )
+    env_option(
+        run,
+        "--audit",
+        choices=("off", "secrets", "all"),
+        default=audit.default,
+        help="record every open of the files of this node's served volumes: secrets (volumes "
+        "showing a Secret), all, or off; a pod's or namespace's annotation fusevol.io/audit may "
+        "ask for more, never less (default: %(default)s)",
+    )
+    env_option(
+        run,
+        "--audit-stdout",
+        type=boolean,
+        default=audit.stdout,
+        metavar="true|false",
+        help="also copy each audit record to standard output, for the node's log collector; "
+        "the records file under the root is written either way (default: %(default)s)",
+    )
+    env_option(
+        run,
+        "--audit-server",
+        choices=("agent", "external"),
+        default="agent",
+        help="who starts the audit server: the agent, or another supervisor (the chart's "
+        "audit DaemonSet, which outlives the agent's rollouts) (default: %(default)s)",
+    )
+    env_option(
+        run,
+        "--container-runtime-state",
+        type=Path,
+        metavar="DIR",
+        default=audit.runtime_state,
+        help="containerd's state directory, where the audit reads the names of containers "
+        "(default: %(default)s)",
     )
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from fusevol.base.errors import FusevolError
 from fusevol.cli import status
-from fusevol.fuse import follow_process
+from fusevol.fuse.servers import FOLLOW
 from fusevol.node import layout
 from fusevol.node.container_mounts import SubPathError, resolve, view_path
 
@@ -77,7 +77,7 @@ def not_ready(root: Path, pod: dict[str, Any]) -> list[str]:
     ]
     if missing:
         return missing
-    bound = set(follow_process.follow_mounts(root))
+    bound = set(FOLLOW.mounts(root))
     for container in pod.get("containers") or []:
         for mount in container["mounts"]:
             if mount.get("error"):

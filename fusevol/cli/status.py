@@ -148,6 +148,13 @@ def render(status: dict[str, Any]) -> str:
     for frozen in status.get("frozen_volumes", []):
         pod = f"{frozen['namespace']}/{frozen['pod']}" if frozen["pod"] else frozen["uid"]
         lines.append(f"FROZEN pod {pod}: {frozen['message']}")
+    for audited in status.get("audited_volumes", []):
+        read = ", ".join(f"{path} ({opens})" for path, opens in audited["read"].items())
+        never = ", ".join(audited["never_read"])
+        lines.append(
+            f"AUDIT pod {audited['namespace']}/{audited['pod']} volume {audited['volume']}: "
+            f"read {read or 'nothing'}; never read: {never or 'none'}"
+        )
     return "\n".join(lines)
 
 

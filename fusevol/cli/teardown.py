@@ -11,7 +11,7 @@ from fusevol.agent.handover import find_predecessor
 from fusevol.agent.lock import AgentLock
 from fusevol.base import log
 from fusevol.base.settings import MountSettings
-from fusevol.fuse import follow_process
+from fusevol.fuse.servers import SERVERS
 from fusevol.mount.linux import LinuxMountBackend
 from fusevol.node import layout
 from fusevol.volumemanager.reconciler.reconstruct import (
@@ -36,7 +36,8 @@ async def tear_down(root: Path, *, command_timeout_s: float) -> int:
         predecessor = await find_predecessor(layout.handover_socket(root))
         removed = await unmount_all_below(backend, layout.pods_dir(root))
         await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
-        await trio.to_thread.run_sync(follow_process.stop, root)  # its views are gone
+        for server in SERVERS:  # their binds are gone
+            await trio.to_thread.run_sync(server.stop, root)
         removed += await detach_dead_fuse_mounts(backend, root)
         if predecessor is not None:  # its binds are gone: nothing left to serve
             await predecessor.release()

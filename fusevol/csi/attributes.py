@@ -56,6 +56,8 @@ EPHEMERAL = "csi.storage.k8s.io/ephemeral"
 TOKENS = "csi.storage.k8s.io/serviceAccount.tokens"
 KUBELET_PREFIX = "csi.storage.k8s.io/"
 ATTRIBUTES = ("configMap", "secret", "volume")
+AUDIT = "fusevol.io/audit"
+"""`"true"`: every open of the volume's files is recorded (`fusevol.model.audit`)."""
 SERVED_TYPES = ("configMap", "secret", "downwardAPI", "projected")
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 MAX_VOLUME_BYTES = MAX_DATA_BYTES
@@ -111,6 +113,8 @@ class Publication:
     """The volume context without the tokens: compared on a repeated publish, recorded."""
     fs_group: int | None = None
     tokens: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    audit: bool = False
+    """The `fusevol.io/audit` attribute: audit every open of the volume's files."""
     """audience -> token, from `csi.storage.k8s.io/serviceAccount.tokens`; memory only."""
 
 
@@ -150,7 +154,16 @@ def parse(
         attributes,
         fs_group,
         _tokens(context.get(TOKENS)),
+        _audit(attributes.get(AUDIT, "false")),
     )
+
+
+def _audit(value: str) -> bool:
+    if value not in ("true", "false"):
+        raise CsiError(
+            Code.INVALID_ARGUMENT, f'volumeAttributes {AUDIT}: {value!r} is not "true" or "false"'
+        )
+    return value == "true"
 
 
 def volume_handle(uid: str, volume_name: str) -> str:
@@ -219,7 +232,7 @@ def _volume_source(
                     f"volumeAttributes namespace {value!r}: objects come only from the pod's own "
                     f"namespace {pod.namespace!r}",
                 )
-        elif key not in ATTRIBUTES and not key.startswith(KUBELET_PREFIX):
+        elif key not in (*ATTRIBUTES, AUDIT) and not key.startswith(KUBELET_PREFIX):
             raise CsiError(
                 Code.INVALID_ARGUMENT,
                 f"volumeAttributes {key!r} is not known: give one of configMap, secret, volume",

@@ -371,7 +371,14 @@ def _unique_name(volume_id: str) -> UniqueVolumeName:
 
 
 def _csi_volume(name: UniqueVolumeName, publication: Publication, pod: Pod) -> CsiVolume:
-    return CsiVolume(name, pod, publication.volume, publication.target, publication.fs_group)
+    return CsiVolume(
+        name,
+        pod,
+        publication.volume,
+        publication.target,
+        publication.fs_group,
+        audit=publication.audit,
+    )
 
 
 def _record(publication: Publication) -> state.Record:

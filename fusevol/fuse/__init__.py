@@ -10,6 +10,8 @@ an answer: no request ends a server), `naming` (node ids, generations and subtre
 container can guess, in the one superblock every pod shares) and `session` (pyfuse3's one session
 per process); `snapshot` (the tree's state in a memfd, so that a successor takes the live
 connection over); `follow` (the follow file system: subPath views that follow a volume's current
-version) and `follow_process` (its own process: started, found, stopped). The only package that
-imports pyfuse3. The kernel facts it relies on: docs/fuse.md.
+version) and `audit` (the audit file system: audited volumes, every open of their files recorded,
+by `audit_records`, with what `audit_index` and `callers` say of it), two side file systems served
+by processes of their own (`servers`: started, found, stopped; `side_serve`: their serving loop).
+The only package that imports pyfuse3. The kernel facts it relies on: docs/fuse.md.
 """

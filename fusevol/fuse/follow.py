@@ -30,7 +30,7 @@ Why a second file system: the agent's own mount lets the kernel open files witho
 (docs/fuse.md fact 4), so it cannot give two opens of one inode two versions
 (docs/fuse.md fact 13, which also says what still shares the page cache: sendfile and mmap).
 This one is served by its own process (`python -m fusevol.fuse.follow --root DIR`, started by
-the agent when a pod needs a view: `fusevol.fuse.follow_process`), which holds no state but its
+the agent when a pod needs a view: `fusevol.fuse.servers`), which holds no state but its
 inode numbers and outlives agent restarts, so views survive them whatever the containers' mount
 propagation. It reads secrets into memory only, for the read that asked, and logs no content.
 """
@@ -41,7 +41,6 @@ import argparse
 import errno
 import logging
 import os
-import signal
 import stat
 import sys
 import time
@@ -51,8 +50,9 @@ from typing import TYPE_CHECKING
 import pyfuse3
 import trio
 
-from fusevol.fuse import follow_process
+from fusevol.fuse import side_serve
 from fusevol.fuse.answering import Failures, answering_errors
+from fusevol.fuse.servers import FOLLOW
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
 
@@ -63,8 +63,6 @@ log = logging.getLogger(__name__)
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _SERVED_DIRS = frozenset(p.dir_name.encode() for p in Plugin if p.served_from_memory)
-_IDLE_EXIT_S = 5.0
-"""Without any view bound and without an agent for this long, the server unmounts and exits."""
 
 
 class FollowOperations(pyfuse3.Operations):
@@ -258,65 +256,13 @@ def _attributes(
     return attrs
 
 
-async def _serve(root: Path) -> None:
-    """Serve until SIGTERM or SIGINT, or until idle (no view bound, no agent) for a while."""
-    with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(pyfuse3.main)
-
-            async def stop_on_signal() -> None:
-                async for signum in signals:
-                    log.info("follow server stopping signal=%s", signal.Signals(signum).name)
-                    nursery.cancel_scope.cancel()
-                    return
-
-            async def stop_when_idle() -> None:
-                idle_since = None
-                while True:
-                    await trio.sleep(1.0)
-                    # Abandoned on a stop: once pyfuse3.main is cancelled nothing answers this
-                    # server's own requests, and a thread left waiting on one would keep the
-                    # process alive for ever (until close() below ends the connection).
-                    busy = await trio.to_thread.run_sync(
-                        follow_process.in_use, root, abandon_on_cancel=True
-                    )
-                    now = time.monotonic()
-                    idle_since = None if busy else idle_since or now
-                    if idle_since is not None and now - idle_since >= _IDLE_EXIT_S:
-                        log.info("follow server idle: no view and no agent, stopping")
-                        nursery.cancel_scope.cancel()
-                        return
-
-            nursery.start_soon(stop_on_signal)
-            nursery.start_soon(stop_when_idle)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m fusevol.fuse.follow")
     parser.add_argument("--root", type=Path, required=True)
     args = parser.parse_args(argv)
     root = args.root.absolute()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    lock = follow_process.take_lock(root)
-    if lock is None:
-        return 0  # another follow server serves this root
-    mountpoint = layout.agent_dir(root) / "follow"
-    mountpoint.mkdir(mode=0o755, exist_ok=True)
-    options = {
-        f"fsname={follow_process.FSTYPE_SUBTYPE}",
-        f"subtype={follow_process.FSTYPE_SUBTYPE}",
-        "allow_other",
-        "default_permissions",
-        "ro",
-    }
-    pyfuse3.init(FollowOperations(layout.pods_dir(root)), str(mountpoint), options)
-    log.info("follow server serving mountpoint=%s pid=%d", mountpoint, os.getpid())
-    try:
-        trio.run(_serve, root)
-    finally:
-        pyfuse3.close(unmount=True)
-        os.close(lock)
-    return 0
+    return side_serve.run(FOLLOW, FollowOperations(layout.pods_dir(root)), root)
 
 
 if __name__ == "__main__":

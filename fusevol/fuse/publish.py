@@ -160,6 +160,11 @@ class Publisher:
         number than ours, or 0 where the mounter cannot see the sender at all."""
         return (pid > 0 and pid in self._helpers) or (uid == 0 and gid == PUBLISHER_GID)
 
+    def current_version(self, volume: bytes) -> bytes | None:
+        """The name of the version directory the volume's `..data` names (None: no volume)."""
+        directory = self._tree.child(self._tree.root, volume)
+        return None if directory is None else self._current(directory)
+
     def path(self, volume: bytes) -> Path:
         """Where the volume's subtree is on the agent's mount (the source of its bind mounts)."""
         return self._mountpoint / os.fsdecode(volume)

@@ -6,6 +6,7 @@ the fields fusevol uses are kept. Names follow the Kubernetes API, in snake_case
 
 This package imports nothing third-party and holds no behaviour beyond trivial derived properties.
 The volume sources are in `sources.py`, re-exported here: import everything from `fusevol.model`.
+Which served volumes are audited (levels, the annotation, the rule) is `audit.py`'s.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """/proc/self/mountinfo, parsed: the one reader of the kernel's mount table (proc(5)).
 
 The mount backend's table (`fusevol.mount.table`) and the subPath view process
-(`fusevol.fuse.follow_process`) both read it through here.
+(`fusevol.fuse.servers`) both read it through here.
 """
 
 from __future__ import annotations

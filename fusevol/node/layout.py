@@ -5,6 +5,10 @@
     <root>/pods/<uid>/volume-subpaths/<volume>/<container>/<index>   a subPath view
     <root>/fusevol/follow                                 the views' FUSE mount (its own process;
                                                           follow.lock, follow.log beside it)
+    <root>/fusevol/audit                                  the audited volumes' FUSE mount (its own
+                                                          process; audit.lock, audit.log beside it)
+    <root>/fusevol/audit-index/<subtree>.json             what it knows of each audited volume
+    <root>/fusevol/audit.jsonl                            the audit's records (rotated: .1, .2, ...)
     <root>/fusevol/mnt                                    the agent's FUSE mount
     <root>/fusevol/fuse.key                               its connection's key (fuse/naming.py)
     <root>/fusevol/status.json                            what `fusevol status` reads

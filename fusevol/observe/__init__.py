@@ -6,6 +6,7 @@ prometheus_client),
 `component_metrics` (what each component tells Prometheus, read on every scrape), `status`
 (the snapshot `fusevol status` reads, written when the reconciler is quiet), `frozen` (frozen
 volumes named in the status, the metrics and a Warning event), `auth` (who may read /metrics
-and /status: root on this node, and whom the API server says) and `peer` (who is at the other
-end of a loopback connection).
+and /status: root on this node, and whom the API server says) `peer` (who is at the other
+end of a loopback connection) and `audit` (the audit's records followed: its counter, the keys
+read and never read, a copy on standard output).
 """

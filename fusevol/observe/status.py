@@ -45,6 +45,7 @@ class StatusReporter:
         statistics: Callable[[], dict[str, Any]] = dict,
         object_versions: Callable[[VolumeToServe], dict[str, str | None]] = lambda _: {},
         frozen: Callable[[], list[dict[str, Any]]] = list,
+        audited: Callable[[], list[dict[str, Any]]] = list,
         min_interval_s: float = 0.2,
         at_rest: Callable[[], None] = lambda: None,
     ) -> None:
@@ -59,6 +60,7 @@ class StatusReporter:
         self._statistics = statistics
         self._object_versions = object_versions
         self._frozen = frozen
+        self._audited = audited
         self._min_interval_s = min_interval_s
         self._at_rest = at_rest
         self._dirty = trio.Event()
@@ -137,6 +139,7 @@ class StatusReporter:
             "node": self._node_name,
             "written_at": time.time(),
             "frozen_volumes": self._frozen(),
+            "audited_volumes": self._audited(),
             "statistics": self._statistics(),
         }
         pods = yield from self._pods()

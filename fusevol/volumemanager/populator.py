@@ -277,7 +277,9 @@ class Populator:
             pod = csi.pod
         pod = dataclasses.replace(self._accept(pod), fs_group=csi.fs_group)
         resolved = self.resolve(pod, csi.volume)
-        return dataclasses.replace(resolved, name=csi.name, read_only=True, target=csi.target)
+        return dataclasses.replace(
+            resolved, name=csi.name, read_only=True, target=csi.target, audit=csi.audit
+        )
 
     def _resolve_claim(
         self, pod: Pod, volume: Volume, source: PersistentVolumeClaimVolumeSource

@@ -325,7 +325,7 @@ async def test_pod_added_gets_its_volume_set_up_at_once(
     assert world.volumes.calls == [Call("set_up", A_CFG, 5.0)]  # not at the next resync
     mounted = world.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, None, None, "1")
+    assert mounted.inputs == (CFG.source, None, None, False, "1")
     assert mounted.path == str(
         layout.volume_dir(world.root, POD_A.uid, Plugin.CONFIG_MAP, CFG.name)
     )
@@ -399,7 +399,7 @@ async def test_refresh_follows_object_versions(
     assert served.volumes.calls_of(A_CFG)[1:] == [Call(op, A_CFG, 5.0) for op in operations]
     mounted = served.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, None, None, version)
+    assert mounted.inputs == (CFG.source, None, None, False, version)
 
 
 async def _serving_own_configmaps(
@@ -676,7 +676,7 @@ async def test_configmap_deleted_keeps_the_last_good_content(
     assert served.volumes.calls[1:] == [Call("refresh", A_CFG, 1 + t) for t in BACKOFF_TIMES]
     mounted = served.actual.get(A_CFG)
     assert mounted is not None
-    assert mounted.inputs == (CFG.source, None, None, "1")
+    assert mounted.inputs == (CFG.source, None, None, False, "1")
     status = served.executor.status(A_CFG)
     assert status is not None
     assert (status.operation, status.failures) == ("refresh", 5)

@@ -47,6 +47,9 @@ class VolumeToServe:
     """Why the volume cannot be set up now; the reconciler reports it and retries."""
     target: Path | None = None
     """Where to serve it when not at its pod volume directory: a CSI volume's target path."""
+    audit: bool = False
+    """Audited whatever the levels of the node and the pod (a CSI volume's `fusevol.io/audit`
+    attribute: `fusevol.model.audit`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,8 @@ class CsiVolume:
     """kubelet's target path: the bind goes there."""
     fs_group: int | None = None
     """From the publish's `volume_mount_group` (the pod's fsGroup)."""
+    audit: bool = False
+    """Its `fusevol.io/audit` attribute (`fusevol.csi.attributes`)."""
 
 
 class DesiredState:

@@ -7,6 +7,7 @@ in that order), `scope` (which volumes a pass looks at: every one, or those an e
 every volume type), `served` (the volumes served from memory: a FUSE subtree bound at the pod
 volume directory), `sharing` (which served volumes share one subtree: its name), `payloads` (a
 served volume's payload rendered from the store, its paths' length checked) and `reconstruct` (the
-actual state rebuilt from the node after a restart), and `subpaths` (subPath views of served
-volumes: set up with their volume, torn down with it). docs/kubelet.md fact 9.
+actual state rebuilt from the node after a restart), `subpaths` (subPath views of served
+volumes: set up with their volume, torn down with it) and `auditing` (which served volumes are
+audited, their audit index, the audit server they are bound from). docs/kubelet.md fact 9.
 """

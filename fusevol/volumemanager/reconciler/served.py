@@ -49,7 +49,12 @@ from fusevol.node import layout
 from fusevol.node.layout import Plugin
 from fusevol.projection import ownership
 from fusevol.volumemanager.reconciler import payloads
-from fusevol.volumemanager.reconciler.sharing import SHARED, nested_mountpoints, subtree_name
+from fusevol.volumemanager.reconciler.sharing import (
+    AUDITED,
+    SHARED,
+    nested_mountpoints,
+    subtree_name,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable, Hashable, Iterable
@@ -61,6 +66,7 @@ if TYPE_CHECKING:
     from fusevol.projection.downward import NodeAllocatable
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.reconciler.auditing import Auditing
 
 ROOT_MODES = {
     # The wrapped emptyDir: a disk directory created 0777 for configMap, a tmpfs (mode 1777) for
@@ -90,6 +96,7 @@ class _Facts:
     subtree: bytes
     objects: tuple[ObjectKey, ...]
     downward: bool
+    audited: bool
 
 
 _LONG_PATH = 1024
@@ -109,11 +116,14 @@ class ServedVolumes:
         allocatable: NodeAllocatable,
         observe_propagation: Callable[[float], None] = lambda _: None,
         subtree_names: Callable[[bytes], bytes] = lambda readable: readable,
+        auditing: Auditing | None = None,
     ) -> None:
         """`observe_propagation(seconds)`: after each refresh that published a new version, the
         time since the change of the newest object it depends on. `subtree_names`: a subtree's
         name on the mount from its readable one (`subtree_name`): the connection's keyed hash of
-        it, which no container can guess (`fusevol.fuse.naming`)."""
+        it, which no container can guess (`fusevol.fuse.naming`). `auditing`: which volumes are
+        audited, and their index (None: none is)."""
+        self._auditing = auditing
         self._observe_propagation = observe_propagation
         self._subtree_names = subtree_names
         self._root = root
@@ -153,14 +163,15 @@ class ServedVolumes:
 
     def inputs(self, volume: VolumeToServe) -> Hashable:
         """What the volume's content depends on: its spec, the pod's fsGroup, the versions of its
-        objects, and for the downward API the pod itself."""
+        objects, and for the downward API the pod itself; and whether it is audited (its bind's
+        source)."""
         facts = self._facts_of(volume)
         pod = volume.pod if facts.downward else None
         versions = []
         for key in facts.objects:
             obj = self._store.get(key)
             versions.append(None if obj is None else obj.resource_version)
-        return (volume.source, volume.pod.fs_group, pod, *versions)
+        return (volume.source, volume.pod.fs_group, pod, facts.audited, *versions)
 
     def objects(self, volume: VolumeToServe) -> tuple[ObjectKey, ...]:
         """The objects `inputs` reads the versions of."""
@@ -191,14 +202,15 @@ class ServedVolumes:
         if facts is None or facts.volume is not volume:
             if len(self._facts) > _FACTS_KEPT + 2 * len(self._subtree_of):
                 self._facts = {u: f for u, f in self._facts.items() if u in self._subtree_of}
-            subtree = self._subtree_names(subtree_name(volume))
+            audited = self._auditing is not None and self._auditing.audited(volume)
+            subtree = self._subtree_names(subtree_name(volume, audited=audited))
             objects = _referenced_objects(volume)
             if facts is not None:  # what the indexes hold already, where it is the same
                 user = facts.user
                 subtree = facts.subtree if facts.subtree == subtree else subtree
                 objects = facts.objects if facts.objects == objects else objects
             facts = self._facts[user] = _Facts(
-                user, volume, subtree, objects, _uses_downward_api(volume)
+                user, volume, subtree, objects, _uses_downward_api(volume), audited
             )
         return facts
 
@@ -253,8 +265,15 @@ class ServedVolumes:
         self._facts.pop(user, None)
         for covered in self._covered.pop(user, []):
             await self._release(user, covered)
-        own = self._subtree_names(layout.fuse_name(uid, spec_name))
-        await self._release(user, self._subtree_of.get(user, own))
+        bound = self._subtree_of.get(user)
+        if bound is not None:
+            await self._release(user, bound)
+            return
+        # Not set up by this agent (found on the node after a restart): its own subtree, audited
+        # or not, if it has one.
+        for audited in (False, True):
+            readable = layout.fuse_name(uid, spec_name) + (AUDITED if audited else b"")
+            await self._release(user, self._subtree_names(readable))
 
     async def _serve(
         self,
@@ -289,7 +308,11 @@ class ServedVolumes:
     ) -> None:
         # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
         # new one (README, "Restarts"); a no-op if ours is already there.
-        source = self._publisher.path(self._subtree_of[(volume.pod.uid, volume.spec_name)])
+        name = self._subtree_of[(volume.pod.uid, volume.spec_name)]
+        if self._auditing is not None and self._facts_of(volume).audited:
+            source = await self._auditing.source(name)
+        else:
+            source = self._publisher.path(name)
         await self._backend.bind(
             source, target, read_only=True, stack=True, make_target=make_target
         )
@@ -308,6 +331,8 @@ class ServedVolumes:
                 for key in self._objects_of.pop(name, ()):
                     self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
+                if self._auditing is not None:
+                    await self._auditing.removed(name)
 
     def _check_lengths(self, volume: VolumeToServe, payload: Iterable[str]) -> None:
         """kubelet's ENAMETOOLONG for a path of `payload` below this volume's own directory."""
@@ -334,6 +359,9 @@ class ServedVolumes:
         assert volume.plugin is not None
         fs_group = volume.pod.fs_group
         self._published.pop(name, None)  # unknown until this publish has succeeded
+        auditing = self._auditing if self._facts_of(volume).audited else None
+        if auditing is not None:
+            await auditing.prepare(name, volume, self._store)
         published = await self._publisher.publish(
             name,
             ownership.apply_fs_group(payload, fs_group),
@@ -346,6 +374,8 @@ class ServedVolumes:
                 nested_mode=ownership.dir_mode(0o755, fs_group),
             ),
         )
+        if auditing is not None:
+            await auditing.published(name, self._publisher.current_version(name))
         if name.startswith(SHARED):
             self._published[name] = inputs
             if 4 * max(map(len, payload), default=0) > _LONG_PATH:  # 4: UTF-8's longest

@@ -32,10 +32,18 @@ SHARED = b"shared-"
 """The name prefix of the subtrees that several pods' volumes may share (`subtree_name`)."""
 
 
-def subtree_name(volume: VolumeToServe) -> bytes:
+AUDITED = b".audited"
+"""The name suffix of an audited volume's own subtree (`subtree_name`)."""
+
+
+def subtree_name(volume: VolumeToServe, *, audited: bool = False) -> bytes:
     """The readable name of the volume's subtree on the FUSE mount: shared by every volume that
-    would hold the same files (module docstring), else the pod volume's own (`layout.fuse_name`).
-    `ServedVolumes` names the subtree by its keyed hash (`subtree_names`)."""
+    would hold the same files (module docstring), else the pod volume's own (`layout.fuse_name`);
+    an audited volume's is its own, under a name of its own, so that a volume whose audit is
+    turned on or off gets another subtree, bound anew. `ServedVolumes` names the subtree by its
+    keyed hash (`subtree_names`)."""
+    if audited:
+        return layout.fuse_name(volume.pod.uid, volume.spec_name) + AUDITED
     if _depends_on_pod(volume):
         return layout.fuse_name(volume.pod.uid, volume.spec_name)
     spec = (

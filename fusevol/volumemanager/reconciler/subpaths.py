@@ -32,7 +32,7 @@ import trio
 
 from fusevol.base.errors import MountError, VolumeSetupError
 from fusevol.base.fsutil import mkdir_all
-from fusevol.fuse import follow_process
+from fusevol.fuse.servers import FOLLOW
 from fusevol.node import layout
 from fusevol.node.container_mounts import SubPathError, mount_subpath
 
@@ -91,11 +91,11 @@ class SubpathViews:
             return
         assert volume.plugin is not None
         try:
-            await trio.to_thread.run_sync(follow_process.ensure_running, self._root)
+            await trio.to_thread.run_sync(FOLLOW.ensure_running, self._root)
         except (VolumeSetupError, OSError) as exc:  # the volume is served all the same
             log.error("subPath views not made pod=%s/%s error=%s", *_pod(volume), exc)
             return
-        follow = follow_process.mountpoint(self._root)
+        follow = FOLLOW.mountpoint(self._root)
         base = follow / volume.pod.uid / volume.plugin.dir_name / volume.spec_name
         for container, index, sub_path in wanted:
             source, target = base / sub_path, self._target(volume, container, index)

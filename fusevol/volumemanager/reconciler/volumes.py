@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from fusevol.projection.downward import NodeAllocatable
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.reconciler.auditing import Auditing
 
 
 class Volumes:
@@ -49,6 +50,7 @@ class Volumes:
         observe_propagation: Callable[[float], None] = lambda _: None,
         git_timeout_s: float = 300.0,
         subtree_names: Callable[[bytes], bytes] = lambda readable: readable,
+        auditing: Auditing | None = None,
     ) -> None:
         self._root = root
         self._pod_dirs: Batches[Callable[[], object]] = Batches(in_thread)
@@ -60,6 +62,7 @@ class Volumes:
             allocatable=allocatable,
             observe_propagation=observe_propagation,
             subtree_names=subtree_names,
+            auditing=auditing,
         )
         self.mounted = MountPlugins(root=root, backend=backend, git_timeout_s=git_timeout_s)
         self.views = SubpathViews(root=root, backend=backend)
