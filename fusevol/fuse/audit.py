@@ -280,6 +280,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="containerd's state directory, for containers' names (default: none read)",
     )
+    parser.add_argument(
+        "--stay",
+        action="store_true",
+        help="serve until stopped, even with no volume audited and no agent (a supervisor's "
+        "server: the chart's audit DaemonSet)",
+    )
     args = parser.parse_args(argv)
     root = args.root.absolute()
     os.umask(0o077)  # the records: root's alone
@@ -292,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         callers=Callers(args.runtime_state),
     )
     try:
-        return side_serve.run(AUDIT, operations, root)
+        return side_serve.run(AUDIT, operations, root, idle_exit=not args.stay)
     finally:
         records.close()
 

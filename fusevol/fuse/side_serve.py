@@ -25,9 +25,12 @@ IDLE_EXIT_S = 5.0
 """Without any bind of it and without an agent for this long, a server unmounts and exits."""
 
 
-def run(server: SideServer, operations: pyfuse3.Operations, root: Path) -> int:
+def run(
+    server: SideServer, operations: pyfuse3.Operations, root: Path, *, idle_exit: bool = True
+) -> int:
     """Take the server's lock, mount `operations` read-only at its mountpoint and serve; 0 at
-    once if another server of the root holds the lock."""
+    once if another server of the root holds the lock. Without `idle_exit`, serve until
+    stopped (a supervisor's server: the chart's audit DaemonSet)."""
     lock = server.take_lock(root)
     if lock is None:
         return 0  # another server serves this root
@@ -43,14 +46,14 @@ def run(server: SideServer, operations: pyfuse3.Operations, root: Path) -> int:
     pyfuse3.init(operations, str(mountpoint), options)
     log.info("%s server serving mountpoint=%s pid=%d", server.name, mountpoint, os.getpid())
     try:
-        trio.run(_serve, server, root)
+        trio.run(_serve, server, root, idle_exit)
     finally:
         pyfuse3.close(unmount=True)
         os.close(lock)
     return 0
 
 
-async def _serve(server: SideServer, root: Path) -> None:
+async def _serve(server: SideServer, root: Path, idle_exit: bool) -> None:
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(pyfuse3.main)
@@ -80,4 +83,5 @@ async def _serve(server: SideServer, root: Path) -> None:
                         return
 
             nursery.start_soon(stop_on_signal)
-            nursery.start_soon(stop_when_idle)
+            if idle_exit:
+                nursery.start_soon(stop_when_idle)
