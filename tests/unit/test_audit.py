@@ -109,7 +109,7 @@ def test_origins_follow_the_payload_rules() -> None:
     }
 
 
-# -- the index --------------------------------------------------------------------------------------
+# -- the index -------------------------------------------------------------------------------------
 
 
 def test_an_open_of_a_version_not_yet_named_is_of_the_pending_one(tmp_path: Path) -> None:
