@@ -116,7 +116,9 @@ class Components:
             warn=self.source.volume_frozen,
             changed=lambda: self.status.changed(),
         )
-        self.audit = AuditFollower(root, stdout=settings.audit.stdout)
+        self.audit = AuditFollower(
+            root, stdout=settings.audit.stdout, changed=lambda: self.status.changed()
+        )
         self.metrics.add_counter(
             "fusevol_audit_reads_total",
             "Opens of audited files, by the pod whose volume it is, the object and the key",

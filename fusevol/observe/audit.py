@@ -25,7 +25,7 @@ from fusevol.fuse.audit_index import directory as index_directory
 from fusevol.fuse.audit_records import records_path
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Callable, Iterable
     from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -36,7 +36,11 @@ _LABELS = ("namespace", "pod", "kind", "object", "key")
 
 
 class AuditFollower:
-    def __init__(self, root: Path, *, stdout: bool = False) -> None:
+    def __init__(
+        self, root: Path, *, stdout: bool = False, changed: Callable[[], None] = lambda: None
+    ) -> None:
+        """`changed()`: new records came (the status snapshot is to be written again)."""
+        self._changed = changed
         self._root = root
         self._path = records_path(root)
         self._stdout = stdout
@@ -57,6 +61,8 @@ class AuditFollower:
             lines = await trio.to_thread.run_sync(self._new_lines)
             for line in lines:
                 self._take(line)
+            if lines:
+                self._changed()
             await trio.sleep(POLL_S)
 
     def _new_lines(self) -> list[bytes]:
