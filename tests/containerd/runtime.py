@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
     from pathlib import Path
 
 APPLETS = ("sh", "cat", "ls", "stat", "id", "touch", "sleep", "usleep", "echo", "mkdir", "rm")
@@ -100,10 +101,20 @@ class Containerd:
             raise RuntimeError(f"ctr {' '.join(args)[:300]}: {ran.stderr.strip()}")
         return ran
 
-    def run(self, name: str, rootfs: Path, *mounts: str, command: tuple[str, ...]) -> str:
+    def run(
+        self,
+        name: str,
+        rootfs: Path,
+        *mounts: str,
+        command: tuple[str, ...],
+        annotations: Mapping[str, str] | None = None,
+    ) -> str:
         """Start container `name` on `rootfs` in the background; each mount is a `--mount`
-        value (`type=bind,src=...,dst=...,options=...`)."""
+        value (`type=bind,src=...,dst=...,options=...`). `annotations`: OCI annotations of its
+        bundle (`--annotation`), such as the `io.kubernetes.cri.*` ones containerd's CRI sets."""
         argv = ["run", "-d", "--env", "PATH=/bin", "--rootfs"]
+        for key, value in (annotations or {}).items():
+            argv += ["--annotation", f"{key}={value}"]
         for mount in mounts:
             argv += ["--mount", mount]
         self.ctr(*argv, str(rootfs), name, *command)
@@ -139,6 +150,11 @@ class Containerd:
         for suffix in ("out", "err", "rc"):
             (files / f"{exec_id}.{suffix}").unlink()
         return result
+
+    def pids(self, name: str) -> list[int]:
+        """The processes of container `name`, as the host sees them (`ctr task ps`)."""
+        listed = self.ctr("task", "ps", name).stdout.splitlines()[1:]  # PID INFO
+        return [int(line.split()[0]) for line in listed if line.strip()]
 
     def remove(self, name: str) -> None:
         self.ctr("task", "kill", "--signal", "SIGKILL", name, check=False)
