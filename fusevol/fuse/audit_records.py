@@ -12,6 +12,10 @@ the key, the path and who opened it.
      "volume": {"name", "plugin", "path", "version"},
      "objectRef": {"kind", "namespace", "name", "resourceVersion", "key"} | null}
 
+`reader.pid` is the process (thread group) as the audit server's PID namespace sees it (the host's,
+in the chart); `reader.executable` is its executable's path as its own mount namespace sees it
+(a container's `/bin/busybox`); `uid` and `gid` are the open's file system ids.
+
 The unit is the open: a file's content is read only through an open file description, and the
 audit server answers every open of an audited file itself (it never lets the kernel open one
 without asking), whatever the reader does next (read, mmap, sendfile, hold it across updates:
