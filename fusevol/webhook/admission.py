@@ -8,9 +8,11 @@ characters the API server keeps); anything else, and a pod the conversion cannot
 allowed unchanged, with a warning saying why when it is the pod's fault. An internal error of the
 conversion is logged and answered the same way: the webhook never holds a pod up. A body that is
 no AdmissionReview (no uid to answer) is `BadReview`, which the server answers with 400; the API
-server then applies the webhook's `failurePolicy: Ignore`.
+server then applies the webhook's `failurePolicy: Ignore`. The pod's namespace's audit level
+(`namespace_audit`) is asked for only when a volume is to be converted.
 
-Excludes: HTTP and TLS (`fusevol.webhook.server`), the CSIDriver (`fusevol.webhook.cluster`).
+Excludes: HTTP and TLS (`fusevol.webhook.server`), the CSIDriver and the namespaces
+(`fusevol.webhook.cluster`).
 """
 
 from __future__ import annotations
@@ -19,12 +21,16 @@ import base64
 import json
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from fusevol.base.errors import InvalidInput
 from fusevol.webhook.convert import Conversion, convert_pod
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from fusevol.model.audit import AuditLevel
     from fusevol.webhook.convert import Driver
 
 log = logging.getLogger(__name__)
@@ -52,8 +58,15 @@ class Answer:
     """The conversion met an internal error: the pod is admitted unchanged."""
 
 
-def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) -> Answer:
-    """Answer the AdmissionReview in `body` (module docstring); BadReview if it is none."""
+def review(
+    body: bytes,
+    *,
+    driver: Driver,
+    excluded_namespaces: frozenset[str],
+    namespace_audit: Callable[[str], AuditLevel] | None = None,
+) -> Answer:
+    """Answer the AdmissionReview in `body` (module docstring); BadReview if it is none.
+    `namespace_audit`: a namespace -> the audit level its annotation asks for (never raises)."""
     request = _request(body)
     uid = request["uid"]
     pod, conversion, failed = "", Conversion(), False
@@ -70,7 +83,7 @@ def review(body: bytes, *, driver: Driver, excluded_namespaces: frozenset[str]) 
             namespace = namespace if isinstance(namespace, str) and namespace else "default"
         pod = f"{namespace}/{_name(obj)}"
         if namespace not in excluded_namespaces:
-            converted = _convert(obj, namespace, driver, pod)
+            converted = _convert(obj, namespace, driver, pod, namespace_audit)
             failed = converted is None
             conversion = converted or Conversion(warnings=(INTERNAL_ERROR,))
     response: dict[str, Any] = {"uid": uid, "allowed": True}
@@ -100,10 +113,17 @@ def _no_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
 
 
-def _convert(obj: Any, namespace: str, driver: Driver, pod: str) -> Conversion | None:
+def _convert(
+    obj: Any,
+    namespace: str,
+    driver: Driver,
+    pod: str,
+    namespace_audit: Callable[[str], AuditLevel] | None,
+) -> Conversion | None:
     """The pod's conversion, or None after an internal error (logged)."""
+    level = None if namespace_audit is None else partial(namespace_audit, namespace)
     try:
-        return convert_pod(obj, namespace=namespace, driver=driver)
+        return convert_pod(obj, namespace=namespace, driver=driver, namespace_audit=level)
     except Exception:  # a bug of ours must not hold up a pod: admitted as it is
         log.exception("conversion failed, pod admitted unchanged pod=%s", pod)
         return None

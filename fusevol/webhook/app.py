@@ -1,8 +1,11 @@
-"""`fusevol webhook`: the CSIDriver watch and the HTTPS server, run until SIGTERM or SIGINT.
+"""`fusevol webhook`: the CSIDriver and namespace watches and the HTTPS server, run until SIGTERM
+or SIGINT.
 
 Started in order: (1) the TLS certificate (a missing or bad one fails the start, one line); (2)
-the API client and the CSIDriver watch, in a thread of its own (the server is ready once it has
-listed); (3) the server, on the main thread. SIGTERM (a pod being deleted) first makes `/readyz`
+the API client, the CSIDriver watch and the namespace watch, each in a thread of its own (the
+server is ready once the CSIDriver watch has listed; the namespaces are not waited for: a
+namespace not listed yet is read when a pod of it is converted); (3) the server, on the main
+thread. SIGTERM (a pod being deleted) first makes `/readyz`
 answer 503 and keeps serving for `shutdown_delay_s`, so that the Service's endpoints drop the pod
 before it stops answering (the API server would otherwise send it reviews it cannot answer, and
 their pods would be admitted unconverted); SIGINT stops at once.
@@ -49,14 +52,20 @@ class WebhookSettings:
 
 def serve(settings: WebhookSettings) -> int:
     certificate = Certificate(settings.tls_cert, settings.tls_key)  # (1)
-    watch = cluster.DriverWatch(cluster.api_client(settings.kubeconfig))  # (2)
+    client = cluster.api_client(settings.kubeconfig)  # (2)
+    watch = cluster.DriverWatch(client)
     threading.Thread(target=watch.run, name="csidriver-watch", daemon=True).start()
+    namespaces = cluster.NamespaceWatch(client)
+    threading.Thread(target=namespaces.run, name="namespace-watch", daemon=True).start()
     stopping = threading.Event()
     server = WebhookServer(  # (3)
         (settings.host, settings.port),
         certificate=certificate,
         review=lambda body: review(
-            body, driver=watch.driver(), excluded_namespaces=settings.excluded_namespaces
+            body,
+            driver=watch.driver(),
+            excluded_namespaces=settings.excluded_namespaces,
+            namespace_audit=namespaces.level,
         ),
         ready=lambda: watch.listed.is_set() and not stopping.is_set(),
         metrics=WebhookMetrics(),
@@ -83,6 +92,7 @@ def serve(settings: WebhookSettings) -> int:
         server.serve_forever(poll_interval=0.2)
     finally:
         watch.stop()
+        namespaces.stop()
         server.server_close()
     log.info("webhook stopped")
     return 0

@@ -20,6 +20,14 @@ would have served:
        (`kubernetes.io/config.seen`, `config.source`) to a CSI volume's pod as kubelet does;
     4. its attribute, read back by the CSI attribute parser, is the very source of step 1.
 
+A converted volume that is audited (`fusevol.model.audit.audited`) at the higher of the levels
+its pod's annotation `fusevol.io/audit` and its namespace's ask for gets the CSI attribute
+`fusevol.io/audit: "true"`: the agent may not read namespaces (the Node authorizer), so the
+webhook carries the namespace's level to it. The namespace's level is asked for (`namespace_audit`,
+the webhook's namespace watch) only when a volume is to be converted; `fusevol convert` has no
+cluster and applies the pod's annotation only. An annotation that is no level (a typo) audits as
+`all`, with a warning, as the agent reads it.
+
 A converted volume that reads ConfigMaps or Secrets keeps its original, under a name of its own
 (`reference_name`: `fusevol-ref-<name>`) that no container mounts. kubelet never sets up a volume
 no container mounts (its populator skips it), but the API server's Node authorizer builds its
@@ -38,8 +46,9 @@ YAML does not take as they are (C0 and C1 controls, U+FFFE, U+FFFF, lone surroga
 written as JSON escapes; astral characters are kept as they are (an escaped surrogate pair would
 read back as two characters).
 
-Excludes: the AdmissionReview (`fusevol.webhook.admission`), where the CSIDriver is read from
-(`fusevol.webhook.cluster`), manifests of workloads (`fusevol.webhook.manifests`).
+Excludes: the AdmissionReview (`fusevol.webhook.admission`), where the CSIDriver and the
+namespaces are read from (`fusevol.webhook.cluster`), manifests of workloads
+(`fusevol.webhook.manifests`).
 """
 
 from __future__ import annotations
@@ -57,9 +66,10 @@ from fusevol.csi import attributes
 from fusevol.decode.reader import Reader
 from fusevol.decode.volume_sources import parse_volumes
 from fusevol.model import PodUID
+from fusevol.model.audit import ANNOTATION as AUDIT_ANNOTATION, AuditLevel, audited
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Set
+    from collections.abc import Callable, Mapping, Set
 
 DRIVER = attributes.DRIVER
 ANNOTATION = "fusevol.io/volumes"
@@ -133,10 +143,20 @@ class Conversion:
     not_converted: Mapping[str, str] = field(default_factory=dict)
     warnings: tuple[str, ...] = ()
     references: Mapping[str, str] = field(default_factory=dict)
+    audited: tuple[str, ...] = ()
+    """The converted volumes given the attribute `fusevol.io/audit: "true"` (this pass)."""
 
 
-def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
-    """The conversion of `pod` (a Pod as JSON); never raises on any JSON value."""
+def convert_pod(
+    pod: Json,
+    *,
+    namespace: str,
+    driver: Driver,
+    namespace_audit: Callable[[], AuditLevel] | None = None,
+) -> Conversion:
+    """The conversion of `pod` (a Pod as JSON); never raises on any JSON value.
+    `namespace_audit`: the level the namespace's annotation asks for, called at most once, when
+    a volume is to be converted (None: no namespace level, as in `fusevol convert`)."""
     if not isinstance(pod, dict):
         return Conversion(warnings=("the object is not a JSON object: admitted unchanged",))
     metadata = {} if pod.get("metadata") is None else pod["metadata"]
@@ -168,6 +188,16 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
     not_converted: dict[str, str] = {}
     references: dict[str, str] = {}
     warnings: list[str] = []
+    audit_levels: list[AuditLevel] = []  # the pod's and the namespace's, once asked for
+    audited_names: list[str] = []
+
+    def audit_level() -> AuditLevel:
+        if not audit_levels:
+            pod_level = _pod_audit(annotations.get(AUDIT_ANNOTATION), warnings)
+            ns_level = namespace_audit() if namespace_audit is not None else AuditLevel.OFF
+            audit_levels.append(max(pod_level, ns_level))
+        return audit_levels[0]
+
     for index, (entry, volume) in enumerate(zip(entries, volumes, strict=True)):
         type_name = _type_of(entry)
         if type_name == "csi" and _is_ours(entry) and volume.name in before:
@@ -185,13 +215,19 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
             reason = f"fusevol does not serve {volume.source.type_name} sources"
         else:
             reason = pod_problem or _token_problem(volume.source, driver)
+        csi_attributes: dict[str, str] = {}
         if not reason:
             text = _yaml_safe(json.dumps({type_name: entry[type_name]}, ensure_ascii=False))
-            reason = _read_back_problem(text, volume, identity)
+            csi_attributes["volume"] = text
+            if audited(audit_level(), volume.source):
+                csi_attributes[attributes.AUDIT] = "true"
+            reason = _read_back_problem(csi_attributes, volume, identity)
         if reason:
             not_converted[volume.name] = reason
             continue
         converted.append(volume.name)
+        if attributes.AUDIT in csi_attributes:
+            audited_names.append(volume.name)
         patch.append(
             {
                 "op": "replace",
@@ -201,7 +237,7 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
                     "csi": {
                         "driver": DRIVER,
                         "readOnly": True,
-                        "volumeAttributes": {"volume": text},
+                        "volumeAttributes": csi_attributes,
                     },
                 },
             }
@@ -220,7 +256,14 @@ def convert_pod(pod: Json, *, namespace: str, driver: Driver) -> Conversion:
         )
         if annotations.get(ANNOTATION) != report:
             patch.append(_annotate(pod, report))
-    return Conversion(patch, tuple(converted), not_converted, tuple(warnings), references)
+    return Conversion(
+        patch,
+        tuple(converted),
+        not_converted,
+        tuple(warnings),
+        references,
+        tuple(audited_names),
+    )
 
 
 def _pod_name(metadata: Mapping[str, Json]) -> str:
@@ -261,10 +304,30 @@ def _token_problem(source: model.VolumeSource, driver: Driver) -> str:
     return ""
 
 
-def _read_back_problem(text: str, volume: model.Volume, identity: attributes.PodIdentity) -> str:
-    """(4) Why the attribute would not be served as the volume: "" when it would."""
+def _pod_audit(text: Json, warnings: list[str]) -> AuditLevel:
+    """The level the pod's annotation asks for; one that is no level audits as `all`, as the
+    agent reads it (`fusevol.model.audit.pod_level`), with a warning."""
+    if text is None:
+        return AuditLevel.OFF
+    if not isinstance(text, str):  # `fusevol convert`: YAML reads an unquoted `off` as false
+        warnings.append(
+            f"annotation {AUDIT_ANNOTATION}: {text!r} is not a string (the API server refuses "
+            "it: quote it): audited as all"
+        )
+        return AuditLevel.ALL
     try:
-        source = attributes.read_source({"volume": text}, identity, volume.name)
+        return AuditLevel.parse(text, where=f"annotation {AUDIT_ANNOTATION}")
+    except ValueError as exc:
+        warnings.append(f"{exc}: audited as all")
+        return AuditLevel.ALL
+
+
+def _read_back_problem(
+    csi_attributes: Mapping[str, str], volume: model.Volume, identity: attributes.PodIdentity
+) -> str:
+    """(4) Why the attributes would not be served as the volume: "" when they would."""
+    try:
+        source = attributes.read_source(csi_attributes, identity, volume.name)
     except attributes.CsiError as exc:
         return f"the CSI driver would refuse it: {exc}"
     if source != volume.source:

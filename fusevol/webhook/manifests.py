@@ -4,7 +4,8 @@ Reads multi-document YAML or JSON (`kind: List` too); converts every Pod and eve
 of a workload (Deployment, ReplicaSet, StatefulSet, DaemonSet, Job, CronJob,
 ReplicationController, PodTemplate) as the webhook converts a pod (`fusevol.webhook.convert`),
 in the object's namespace (`default` without one); other documents pass unchanged. The driver is
-taken to exist, with the token requests given. What comes out is YAML (comments are not kept),
+taken to exist, with the token requests given; the audit follows the pods' own annotation only
+(the namespaces' are the cluster's). What comes out is YAML (comments are not kept),
 one document per document in, and a report per pod: what was converted, and why not the rest.
 
 Excludes: the webhook's namespace and pod selection (its configuration's), the cluster.
@@ -49,6 +50,11 @@ class Report:
         conversion = self.conversion
         lines = [
             f"{self.subject}: converted {', '.join(conversion.converted) or 'nothing'}",
+            *(
+                [f"{self.subject}: audited {', '.join(conversion.audited)}"]
+                if conversion.audited
+                else []
+            ),
             *(
                 f"{self.subject}: kept {name} unmounted as {reference}: the pod names what it reads"
                 for reference, name in conversion.references.items()

@@ -182,9 +182,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         conversion = answer.conversion
         if answer.pod and (conversion.converted or conversion.not_converted):
             log.info(
-                "pod admitted pod=%s converted=%s not_converted=%s took_ms=%.1f",
+                "pod admitted pod=%s converted=%s audited=%s not_converted=%s took_ms=%.1f",
                 answer.pod,
                 ",".join(conversion.converted) or "-",
+                ",".join(conversion.audited) or "-",
                 ",".join(conversion.not_converted) or "-",
                 (time.perf_counter() - started) * 1000,
             )

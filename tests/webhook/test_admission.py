@@ -50,8 +50,11 @@ def admission_review(pod: Any, *, namespace: str = "team", **request: Any) -> by
     return json.dumps(body).encode()
 
 
-def answer(body: bytes, driver: Driver = EVERY_TOKEN) -> Obj:
-    value: Obj = json.loads(review(body, driver=driver, excluded_namespaces=EXCLUDED).body)
+def answer(body: bytes, driver: Driver = EVERY_TOKEN, **options: Any) -> Obj:
+    """The response to `body`; `options`: more arguments of `review`."""
+    value: Obj = json.loads(
+        review(body, driver=driver, excluded_namespaces=EXCLUDED, **options).body
+    )
     assert value["apiVersion"] == "admission.k8s.io/v1"
     assert value["kind"] == "AdmissionReview"
     response: Obj = value["response"]
