@@ -6,6 +6,8 @@ Rows, each from one module of this package (run alone for details):
   1-2  hot and cold read of a 1 KiB key, vs the same layout on tmpfs        read_path.py
   1b   first reads of 100 keys after an update (on ..data's inotify event)  first_read.py
        and after set-up, vs the same on tmpfs
+  1c   hot read of a 1 KiB key on an audited volume (each open recorded)    audited_read.py
+       vs an unaudited volume of the same agent, and tmpfs
   3    update propagation, manifest save -> visible, p50/p99 of 100         update_latency.py
        and API write -> visible (a loopback API server), p50/p99 of 100     api_latency.py
   4    fan-out: N pods on one 256 KiB ConfigMap vs N AtomicWriter copies    fanout.py
@@ -34,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import (
     api_latency,
+    audited_read,
     burst,
     cold_throughput,
     csi_publish,
@@ -64,6 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         setups, _ = read_path.run(Path(tmp), iterations=iterations, versions=versions)
     first = first_read.measure(versions=versions // 2, pods=5 if args.quick else 20)
+    audited = audited_read.measure(2000 if args.quick else 10_000)
     updates = update_latency.measure(edits)
     api_updates = api_latency.measure(edits)
     fan = [(n, fanout.fusevol(n), fanout.kubelet(n)) for n in fanout_pods]
@@ -88,6 +92,22 @@ def main() -> None:
         f, t = (statistics.median(samples[side]) / 1e3 for side in ("fusevol", "tmpfs"))
         what = f"1b  first read of each key after {label}"
         _row(what, f"{f:.1f} µs", f"tmpfs, kubelet layout {t:.1f} µs", f"{f / t:.2f}x the time")
+    median, p90 = audited.ratio()
+    _row(
+        "1c  audited hot read, 1 KiB key, o+r+c",
+        f"p50 {audited.median_us('audited'):.1f} µs, p90 {audited.p90_us('audited'):.1f}",
+        f"unaudited, same agent: p50 {audited.median_us('unaudited'):.1f} µs, "
+        f"p90 {audited.p90_us('unaudited'):.1f}",
+        f"{median:.0f}x the time (p50), {p90:.0f}x (p90)",
+    )
+    _row(
+        "    audited read: records per open",
+        f"{audited.records_per_open('audited'):.2f} (unaudited "
+        f"{audited.records_per_open('unaudited'):.2f})",
+        f"tmpfs, kubelet layout p50 {audited.median_us('tmpfs'):.1f} µs",
+        f"unaudited {audited.median_us('unaudited') / audited.median_us('tmpfs'):.2f}x tmpfs, "
+        f"audited {audited.median_us('audited') / audited.median_us('tmpfs'):.0f}x",
+    )
     for what, latencies in (("manifest save", updates), ("API write", api_updates)):
         p50, p99 = statistics.median(latencies), percentile(latencies, 0.99)
         _row(
