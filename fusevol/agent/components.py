@@ -98,7 +98,7 @@ class Components:
                 root=root,
                 node_name=settings.node_name,
                 default=AuditLevel.parse(settings.audit.default, where="--audit"),
-                start_server=settings.audit.start_server,
+                server=settings.audit.server,
                 runtime_state=settings.audit.runtime_state,
             ),
         )

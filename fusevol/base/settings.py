@@ -134,9 +134,10 @@ class AuditSettings:
     stdout: bool = False
     """Also copy each record to the agent's standard output, for the node's log collector (the
     file under the root is written either way)."""
-    start_server: bool = True
-    """Start the audit server when a volume is audited; False where another supervisor runs it
-    (the chart's audit DaemonSet, which outlives the agent's rollouts)."""
+    server: str = "agent"
+    """Who starts the audit server when a volume is audited: `agent`; `external`, another
+    supervisor (the chart's audit DaemonSet, which outlives the agent's rollouts); `none`: no
+    volume may be audited on this node (one that asks fails, saying so)."""
     runtime_state: Path | None = Path("/run/containerd")
     """containerd's state directory: the audit server reads the containers' names from it."""
 

@@ -75,7 +75,7 @@ def main(args: argparse.Namespace) -> int:
         audit=AuditSettings(
             default=args.audit,
             stdout=args.audit_stdout,
-            start_server=args.audit_server == "agent",
+            server=args.audit_server,
             runtime_state=args.container_runtime_state.absolute(),
         ),
     )

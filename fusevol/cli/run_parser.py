@@ -233,10 +233,11 @@ def add(commands: argparse._SubParsersAction[Parser]) -> None:
     env_option(
         run,
         "--audit-server",
-        choices=("agent", "external"),
+        choices=("agent", "external", "none"),
         default="agent",
         help="who starts the audit server: the agent, or another supervisor (the chart's "
-        "audit DaemonSet, which outlives the agent's rollouts) (default: %(default)s)",
+        "audit DaemonSet, which outlives the agent's rollouts); none: this node audits nothing, "
+        "and a volume that asks for an audit fails, saying so (default: %(default)s)",
     )
     env_option(
         run,

@@ -113,9 +113,9 @@ class Publication:
     """The volume context without the tokens: compared on a repeated publish, recorded."""
     fs_group: int | None = None
     tokens: Mapping[str, bytes] = field(default_factory=dict, repr=False)
+    """audience -> token, from `csi.storage.k8s.io/serviceAccount.tokens`; memory only."""
     audit: bool = False
     """The `fusevol.io/audit` attribute: audit every open of the volume's files."""
-    """audience -> token, from `csi.storage.k8s.io/serviceAccount.tokens`; memory only."""
 
 
 def parse(

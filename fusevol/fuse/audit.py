@@ -11,16 +11,20 @@ small FUSE file system instead, which mirrors the agent's mount and answers each
    through its bind, a host user not at all.
 2. A node's number is its number on the agent's mount, whose versions are new nodes, never
    changed (docs/fuse.md fact 4): one page cache a version's file, so opens keep the cache
-   (FOPEN_KEEP_CACHE) and a second read of a file costs what it costs on the agent's mount. What
-   may change (the volume directory, `..data`, the top-level links) is looked up again at every
-   path walk (timeouts 0); a version's directories and files are kept as long as the agent's are.
+   (FOPEN_KEEP_CACHE) and a second read of a file costs what it costs on the agent's mount.
+   Entries and attributes are kept as long as the agent's mount keeps them: every change is
+   made through this mount (4), so a path walk asks nothing and only the open reaches the server.
 3. Every open reaches this server (nothing negotiates no_open here) and is recorded before it is
    answered, while the caller waits in open(2), so its process is still there to be described
    (`fusevol.fuse.callers`): the record (`fusevol.fuse.audit_records`) names the version the open
    resolved to, which the file descriptor then pins. A record that cannot be written fails the
    open (EIO): nothing is read unrecorded.
-4. Read-only for everyone (EROFS); permission checks are the kernel's (`default_permissions`) on
-   the modes and owners of the agent's mount.
+4. The publisher's structural operations on an audited volume (mkdir, symlink, rename, unlink,
+   rmdir: `fusevol.fuse.publish`, `Publisher.route`) are made through this mount and passed on
+   to the agent's, as the publisher (this process takes its group): the kernel then updates this
+   mount's caches itself, and inotify watchers of an audited volume see kubelet's events (docs/
+   fuse.md fact 2). Anyone else gets EROFS (the pods' binds are read-only besides); permission
+   checks are the kernel's (`default_permissions`) on the modes and owners of the agent's mount.
 
 Served by its own process (`python -m fusevol.fuse.audit --root DIR`, started by the agent when a
 volume is audited, or by the chart's audit DaemonSet: `fusevol.fuse.servers`), which holds no
@@ -49,17 +53,18 @@ from fusevol.fuse.audit_index import IndexReader
 from fusevol.fuse.audit_records import RecordFile, now, record, records_path
 from fusevol.fuse.callers import Callers
 from fusevol.fuse.servers import AUDIT
+from fusevol.fuse.vfs_helper import PUBLISHER_GID
 from fusevol.node import layout
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 log = logging.getLogger(__name__)
 
 _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
-_MOVING = (b"..data", b"..data_tmp")
-_STABLE_TIMEOUT_S = 300.0
-"""How long the kernel keeps a version's entries and attributes (the agent's mount's default)."""
+_TIMEOUT_S = 300.0
+"""How long the kernel keeps entries and attributes (the agent's mount's default): every change
+of an audited volume is made through this mount (4), so the kernel updates them itself."""
 
 
 class AuditOperations(pyfuse3.Operations):
@@ -101,8 +106,8 @@ class AuditOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         inode = pyfuse3.ROOT_INODE if not parts else st.st_ino
         if parts:
-            self._paths[inode] = parts  # `..data` is a new link at each version: its path moves
-        return _attributes(inode, st, stable=_stable(parts))
+            self._paths[inode] = parts
+        return _attributes(inode, st)
 
     @answering_errors
     async def lookup(
@@ -232,7 +237,87 @@ class AuditOperations(pyfuse3.Operations):
         stats.f_namemax = 255
         return stats
 
-    # -- 4. refused to everyone --------------------------------------------------------------------
+    # -- 4. the publisher's operations, passed on --------------------------------------------------
+
+    @answering_errors
+    async def mkdir(
+        self,
+        parent_inode: pyfuse3.InodeT,
+        name: pyfuse3.FileNameT,
+        mode: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        parts = self._child(parent_inode, name, ctx)
+        await self._pass_on(os.mkdir, self._real(parts), mode)
+        return await self._entry(parts)
+
+    @answering_errors
+    async def symlink(
+        self,
+        parent_inode: pyfuse3.InodeT,
+        name: pyfuse3.FileNameT,
+        target: pyfuse3.FileNameT,
+        ctx: pyfuse3.RequestContext,
+    ) -> pyfuse3.EntryAttributes:
+        parts = self._child(parent_inode, name, ctx)
+        await self._pass_on(os.symlink, bytes(target), self._real(parts))
+        return await self._entry(parts)
+
+    @answering_errors
+    async def rename(
+        self,
+        parent_inode_old: pyfuse3.InodeT,
+        name_old: pyfuse3.FileNameT,
+        parent_inode_new: pyfuse3.InodeT,
+        name_new: pyfuse3.FileNameT,
+        flags: int,
+        ctx: pyfuse3.RequestContext,
+    ) -> None:
+        if flags:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        old = self._child(parent_inode_old, name_old, ctx)
+        new = self._child(parent_inode_new, name_new, ctx)
+        await self._pass_on(os.rename, self._real(old), self._real(new))
+        moved = await self._stat(new)  # its number now stands for the new path
+        self._paths[moved.st_ino] = new
+
+    @answering_errors
+    async def unlink(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> None:
+        await self._pass_on(os.unlink, self._real(self._child(parent_inode, name, ctx)))
+
+    @answering_errors
+    async def rmdir(
+        self, parent_inode: pyfuse3.InodeT, name: pyfuse3.FileNameT, ctx: pyfuse3.RequestContext
+    ) -> None:
+        await self._pass_on(os.rmdir, self._real(self._child(parent_inode, name, ctx)))
+
+    def _child(
+        self, parent_inode: int, name: bytes, ctx: pyfuse3.RequestContext
+    ) -> tuple[bytes, ...]:
+        """The path of `name` in `parent_inode`, for one of the publisher's own operations
+        (root with its group: `fusevol.fuse.vfs_helper`); anyone else's is refused."""
+        if not (ctx.uid == 0 and ctx.gid == PUBLISHER_GID):
+            raise pyfuse3.FUSEError(errno.EROFS)
+        if name in (b".", b"..") or b"/" in name:
+            raise pyfuse3.FUSEError(errno.EINVAL)
+        return (*self._parts(parent_inode), bytes(name))
+
+    async def _pass_on(self, operation: Callable[..., object], *args: object) -> None:
+        """Make the operation on the agent's mount, as the publisher (this process runs with
+        its group): the agent applies it to its tree."""
+        try:
+            await trio.to_thread.run_sync(lambda: operation(*args))
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+    async def _entry(self, parts: tuple[bytes, ...]) -> pyfuse3.EntryAttributes:
+        attrs = await self._stat(parts)
+        self._lookups[attrs.st_ino] = self._lookups.get(attrs.st_ino, 0) + 1
+        return attrs
+
+    # -- 5. refused to everyone --------------------------------------------------------------------
 
     @answering_errors
     async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
@@ -247,12 +332,7 @@ class AuditOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EROFS)
 
 
-def _stable(parts: tuple[bytes, ...]) -> bool:
-    """A version's directory or anything in it: never changed, only removed."""
-    return len(parts) >= 2 and parts[1].startswith(b"..") and parts[1] not in _MOVING
-
-
-def _attributes(inode: int, st: os.stat_result, *, stable: bool) -> pyfuse3.EntryAttributes:
+def _attributes(inode: int, st: os.stat_result) -> pyfuse3.EntryAttributes:
     attrs = pyfuse3.EntryAttributes()
     attrs.st_ino = inode
     attrs.st_mode = st.st_mode
@@ -265,9 +345,8 @@ def _attributes(inode: int, st: os.stat_result, *, stable: bool) -> pyfuse3.Entr
     attrs.st_atime_ns = st.st_atime_ns
     attrs.st_mtime_ns = st.st_mtime_ns
     attrs.st_ctime_ns = st.st_ctime_ns
-    timeout = _STABLE_TIMEOUT_S if stable else 0.0
-    attrs.entry_timeout = timeout  # 2
-    attrs.attr_timeout = timeout
+    attrs.entry_timeout = _TIMEOUT_S  # 2
+    attrs.attr_timeout = _TIMEOUT_S
     return attrs
 
 
@@ -289,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.absolute()
     os.umask(0o077)  # the records: root's alone
+    os.setgroups([])
+    os.setgid(PUBLISHER_GID)  # 4: what it passes on to the agent's mount is the publisher's
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     records = RecordFile(records_path(root))
     operations = AuditOperations(
@@ -298,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         callers=Callers(args.runtime_state),
     )
     try:
-        return side_serve.run(AUDIT, operations, root, idle_exit=not args.stay)
+        return side_serve.run(AUDIT, operations, root, idle_exit=not args.stay, read_only=False)
     finally:
         records.close()
 

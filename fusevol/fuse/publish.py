@@ -113,6 +113,7 @@ class Publisher:
         self._available = trio.Semaphore(HELPERS)
         self._leftovers: list[tuple[str, Path]] = []
         self._last_name = b"-"
+        self._routes: dict[bytes, Path] = {}
 
     def adopt(self) -> None:
         """Take the volumes of a restored tree (a predecessor's, `fusevol.fuse.snapshot`) as
@@ -165,6 +166,20 @@ class Publisher:
         directory = self._tree.child(self._tree.root, volume)
         return None if directory is None else self._current(directory)
 
+    def route(self, volume: bytes, through: Path | None) -> None:
+        """Make the VFS operations on `volume` through `through` (None: through the agent's mount
+        again): an audited volume's go through the audit file system, which passes them on to
+        the agent's mount, so that the kernel updates its caches and inotify watchers of the
+        audited volume see kubelet's events (`fusevol.fuse.audit`)."""
+        if through is None:
+            self._routes.pop(volume, None)
+        else:
+            self._routes[volume] = through
+
+    def _through(self, volume: bytes) -> Path:
+        """Where the VFS operations on `volume` are made (`route`)."""
+        return self._routes.get(volume) or self.path(volume)
+
     def path(self, volume: bytes) -> Path:
         """Where the volume's subtree is on the agent's mount (the source of its bind mounts)."""
         return self._mountpoint / os.fsdecode(volume)
@@ -174,7 +189,7 @@ class Publisher:
         if self._tree.child(self._tree.root, volume) is None:
             return
         try:
-            await self._vfs("rmdir", self.path(volume))
+            await self._vfs("rmdir", self._through(volume))
         except FileNotFoundError:
             if self._tree.child(self._tree.root, volume) is not None:
                 # The kernel says the name is not there while our tree holds it: should never
@@ -218,9 +233,10 @@ class Publisher:
             if pages is not None:
                 top = [os.fsdecode(n) for n in sorted(_top_level(payload))]
                 look_up = _looked_up(version)
-                await self._warm([str(self.path(volume)), os.fsdecode(name), top, look_up], pages)
+                through = str(self._through(volume))
+                await self._warm([through, os.fsdecode(name), top, look_up], pages)
             return True
-        root = self.path(volume)
+        root = self._through(volume)
         old = self._current(volume_dir)
         current = None if old is None else self._tree.child(volume_dir, old)
         new_names = _top_level(payload)

@@ -72,11 +72,12 @@ class SideServer:
     def _lock_path(self, root: Path) -> Path:
         return layout.agent_dir(root) / f"{self.name}.lock"
 
-    def take_lock(self, root: Path) -> int | None:
-        """The server's lock (an open fd, pid written), or None if another server holds it."""
+    def take_lock(self, root: Path, *, wait: bool = False) -> int | None:
+        """The server's lock (an open fd, pid written), or None if another server holds it;
+        with `wait`, once the other has let it go."""
         fd = os.open(self._lock_path(root), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
             return None

@@ -26,12 +26,21 @@ IDLE_EXIT_S = 5.0
 
 
 def run(
-    server: SideServer, operations: pyfuse3.Operations, root: Path, *, idle_exit: bool = True
+    server: SideServer,
+    operations: pyfuse3.Operations,
+    root: Path,
+    *,
+    idle_exit: bool = True,
+    read_only: bool = True,
 ) -> int:
     """Take the server's lock, mount `operations` read-only at its mountpoint and serve; 0 at
     once if another server of the root holds the lock. Without `idle_exit`, serve until
-    stopped (a supervisor's server: the chart's audit DaemonSet)."""
-    lock = server.take_lock(root)
+    stopped (a supervisor's server: the chart's audit DaemonSet). Without `read_only`, the
+    mount takes structural operations, which the server decides on (the audit server's are
+    the agent's publisher's)."""
+    # A supervisor's server waits for one the agent started to go (idle, once the agent binds
+    # nothing more of it) rather than exit and be restarted again and again.
+    lock = server.take_lock(root, wait=not idle_exit)
     if lock is None:
         return 0  # another server serves this root
     mountpoint = server.mountpoint(root)
@@ -41,7 +50,7 @@ def run(
         f"subtype={server.subtype}",
         "allow_other",
         "default_permissions",
-        "ro",
+        *(["ro"] if read_only else []),
     }
     pyfuse3.init(operations, str(mountpoint), options)
     log.info("%s server serving mountpoint=%s pid=%d", server.name, mountpoint, os.getpid())

@@ -44,7 +44,7 @@ class AuditLevel(enum.IntEnum):
 def pod_level(annotations: Mapping[str, str]) -> AuditLevel:
     """The level a pod's annotation asks for. An unknown value asks for `all`: the annotation's
     author wanted an audit, and a typo must not silently turn it off (the webhook and
-    `fusevol convert` refuse such a value before the pod exists)."""
+    `fusevol convert` warn of such a value)."""
     text = annotations.get(ANNOTATION)
     if text is None:
         return AuditLevel.OFF

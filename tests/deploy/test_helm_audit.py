@@ -102,10 +102,11 @@ def test_audit_off_renders_nothing_of_it_and_no_host_pid(
     assert all(not pod.get("hostPID") for pod in pods(objs))
     [agent] = component(objs, "node-agent")
     args = agent["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert not [a for a in args if a.startswith(("--audit", "--container-runtime-state"))]
-    # The agent's own defaults: it would start a server itself for an annotated pod.
+    assert not [a for a in args if a.startswith(("--audit-stdout", "--container-runtime-state"))]
+    # No server of its own in the agent's pod (a rollout would take it away): a volume that asks
+    # for an audit fails, saying so.
     parsed = agent_args(objs, monkeypatch)
-    assert (parsed.audit, parsed.audit_server) == ("off", "agent")
+    assert (parsed.audit, parsed.audit_server) == ("off", "none")
 
 
 @pytest.mark.parametrize("values", ON_SETS)

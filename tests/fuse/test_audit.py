@@ -24,10 +24,11 @@ from fusevol.fuse.servers import AUDIT
 from tests.agent import running_agent, wait_for, write_atomically
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from tests.agent import AgentProcess
+    from tests.inotify import Watcher
 
 UID = "aaaaaaaa-0000-4000-8000-000000000057"
 VALUE = "hunter2-the-audited-secret-value"
@@ -198,6 +199,32 @@ print(os.pread(fd, 4096, 0).decode(), flush=True)
     opens = len(records(agent))
     wait_for(lambda: audit_counts(agent) == {("Secret", "db", "password"): opens})
     assert_no_secret_value(agent)
+
+
+def test_an_audited_volume_updates_as_any_other_with_kubelets_inotify_events(
+    audited: AgentProcess, manifests: Path, watch: Callable[[Path], Watcher]
+) -> None:
+    """The publisher's steps go through the audit mount (passed on to the agent's), so that a
+    watcher of the audited volume (configmap-reload, a certificate reloader) sees them; reading
+    the links and listing the volume record nothing (no file is opened)."""
+    creds = audited.volume(UID, "secret", "creds")
+    watcher = watch(creds)
+    old = (creds / "..data").readlink()
+    write_atomically(manifests / "secret.yaml", secret(NEW_VALUE))
+    events = watcher.events_until("MOVED_TO ..data")
+    new = (creds / "..data").readlink()
+    assert new != old
+    assert "CREATE,ISDIR " + str(new) in events
+    assert "CREATE ..data_tmp" in events
+    assert "MOVED_FROM ..data_tmp" in events
+    assert "MOVED_TO ..data" in events
+    listed = set(os.listdir(creds)) - {str(old)}  # the old version goes after a grace period
+    assert listed == {"..data", str(new), "password", "user"}
+    assert records(audited) == []
+    assert (creds / "password").read_text() == NEW_VALUE
+    wait_for(lambda: "DELETE,ISDIR " + str(old) in watcher.events_until("DELETE,ISDIR " + str(old)))
+    (event,) = records(audited)
+    assert event["volume"]["version"] == str(new)
 
 
 def test_the_records_and_the_audit_mount_are_roots_alone(audited: AgentProcess) -> None:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
+from fusevol.base.errors import VolumeSetupError
 from fusevol.fuse.audit_index import IndexWriter, VolumeFacts
 from fusevol.fuse.servers import AUDIT
 from fusevol.model.audit import AuditLevel, audited, pod_level
@@ -35,12 +36,12 @@ class Auditing:
         root: Path,
         node_name: str,
         default: AuditLevel = AuditLevel.OFF,
-        start_server: bool = True,
+        server: str = "agent",
         runtime_state: Path | None = None,
     ) -> None:
         self._root = root
         self._default = default
-        self._start = start_server
+        self._server = server
         self._server_args = () if runtime_state is None else ("--runtime-state", str(runtime_state))
         self._index = IndexWriter(root, node_name=node_name)
         self._subtrees = set(IndexWriter.listed(root))
@@ -81,4 +82,12 @@ class Auditing:
         return AUDIT.mountpoint(self._root) / os.fsdecode(subtree)
 
     def _ensure_server(self) -> None:
-        AUDIT.ensure_running(self._root, extra_args=self._server_args, start=self._start)
+        if self._server == "none":
+            raise VolumeSetupError(
+                "the volume is to be audited (fusevol.io/audit, of its pod, namespace or CSI "
+                "attributes, or --audit) but this node runs no audit server (--audit-server none; "
+                "in the chart: audit.enabled)"
+            )
+        AUDIT.ensure_running(
+            self._root, extra_args=self._server_args, start=self._server == "agent"
+        )

@@ -331,6 +331,7 @@ class ServedVolumes:
                 for key in self._objects_of.pop(name, ()):
                     self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
+                self._publisher.route(name, None)
                 if self._auditing is not None:
                     await self._auditing.removed(name)
 
@@ -362,6 +363,7 @@ class ServedVolumes:
         auditing = self._auditing if self._facts_of(volume).audited else None
         if auditing is not None:
             await auditing.prepare(name, volume, self._store)
+            self._publisher.route(name, await auditing.source(name))
         published = await self._publisher.publish(
             name,
             ownership.apply_fs_group(payload, fs_group),
