@@ -145,13 +145,26 @@ class SideServer:
                 )
             log.info("%s server started root=%s log=%s", self.name, root, log_path)
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not self.is_serving(root):
+        serving = self.is_serving if start else self._answers
+        while not serving(root):
             if time.monotonic() > deadline:
                 started = f"see {self.log_path(root)}" if start else "started by its supervisor"
                 raise VolumeSetupError(
                     f"the {self.name} server did not start in {START_TIMEOUT_S:g}s ({started})"
                 )
             time.sleep(0.05)
+
+    def _answers(self, root: Path) -> bool:
+        """Mounted, and its server answers: another supervisor's server, whose lock may be held
+        from another PID namespace, which /proc/locks does not show (the chart's audit pods
+        run in the host's, the agent in its own)."""
+        if self._resolved_mountpoint(root) not in self.mounts(root):
+            return False
+        try:
+            os.statvfs(self.mountpoint(root))
+        except OSError:
+            return False  # ENOTCONN: a server that died
+        return True
 
     def stop(self, root: Path, *, timeout_s: float = 5.0) -> None:
         """Stop the root's server (it unmounts itself); its binds must be unmounted first.
