@@ -176,6 +176,9 @@ class Publisher:
         else:
             self._routes[volume] = through
 
+    def routed(self, volume: bytes) -> bool:
+        return volume in self._routes
+
     def _through(self, volume: bytes) -> Path:
         """Where the VFS operations on `volume` are made (`route`)."""
         return self._routes.get(volume) or self.path(volume)

@@ -363,7 +363,8 @@ class ServedVolumes:
         auditing = self._auditing if self._facts_of(volume).audited else None
         if auditing is not None:
             await auditing.prepare(name, volume, self._store)
-            self._publisher.route(name, await auditing.source(name))
+            if not self._publisher.routed(name):  # its first publish: the server is asked for
+                self._publisher.route(name, await auditing.source(name))
         published = await self._publisher.publish(
             name,
             ownership.apply_fs_group(payload, fs_group),
