@@ -40,7 +40,6 @@ import errno
 import logging
 import os
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,6 +70,9 @@ class AuditOperations(pyfuse3.Operations):
     supports_dot_lookup = False
     enable_writeback_cache = False
     enable_acl = False
+    enable_symlink_cache = True
+    """2: a link's number is its number on the agent's mount, where a link never changes (a new
+    `..data` is a new link), so its target may be kept (fusevol's patched pyfuse3 asks for it)."""
 
     def __init__(
         self, source: Path, *, index: IndexReader, records: RecordFile, callers: Callers
@@ -82,7 +84,6 @@ class AuditOperations(pyfuse3.Operations):
         self._index = index
         self._records = records
         self._callers = callers
-        self._recording = threading.Lock()
         self._paths: dict[int, tuple[bytes, ...]] = {pyfuse3.ROOT_INODE: ()}
         self._lookups: dict[int, int] = {}
         self._dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]]] = {}
@@ -154,7 +155,10 @@ class AuditOperations(pyfuse3.Operations):
         if flags & _WRITE_FLAGS:
             raise pyfuse3.FUSEError(errno.EROFS)
         parts = self._parts(inode)
-        fd = await trio.to_thread.run_sync(self._open, parts, ctx.pid, ctx.uid, ctx.gid)
+        # On this thread: a few system calls, none of which waits for the agent while the kernel
+        # holds the path (the open of the agent's mount only, and then only if the agent is not
+        # answering, when the file could not be read anyway); a worker thread cost 70 µs an open.
+        fd = self._open(parts, ctx.pid, ctx.uid, ctx.gid)
         return pyfuse3.FileInfo(fh=fd, keep_cache=True)
 
     def _open(self, parts: tuple[bytes, ...], pid: int, uid: int, gid: int) -> int:
@@ -164,18 +168,17 @@ class AuditOperations(pyfuse3.Operations):
         except OSError as exc:
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         try:
-            with self._recording:
-                reader = self._callers.describe(pid, uid, gid)
-                subtree, version, path = parts[0], parts[1], b"/".join(parts[2:])
-                found = self._index.find(subtree, version, os.fsdecode(path))
-                event = record(
-                    reader=reader,
-                    found=found,
-                    version=os.fsdecode(version),
-                    path=os.fsdecode(path),
-                    received=received,
-                )
-                self._records.write(event)
+            reader = self._callers.describe(pid, uid, gid)
+            subtree, version, path = parts[0], b"".join(parts[1:2]), b"/".join(parts[2:])
+            found = self._index.find(subtree, version, os.fsdecode(path))
+            event = record(
+                reader=reader,
+                found=found,
+                version=os.fsdecode(version),
+                path=os.fsdecode(path),
+                received=received,
+            )
+            self._records.write(event)
         except Exception:
             os.close(fd)
             log.exception("an open could not be recorded: refused")
