@@ -22,9 +22,10 @@ small FUSE file system instead, which mirrors the agent's mount and answers each
 4. The publisher's structural operations on an audited volume (mkdir, symlink, rename, unlink,
    rmdir: `fusevol.fuse.publish`, `Publisher.route`) are made through this mount and passed on
    to the agent's, as the publisher (this process takes its group): the kernel then updates this
-   mount's caches itself, and inotify watchers of an audited volume see kubelet's events (docs/
-   fuse.md fact 2). Anyone else gets EROFS (the pods' binds are read-only besides); permission
-   checks are the kernel's (`default_permissions`) on the modes and owners of the agent's mount.
+   mount's caches itself, and inotify watchers of an audited volume see kubelet's events
+   (docs/fuse.md fact 2). Anyone else gets EROFS (the pods' binds are read-only besides);
+   permission checks are the kernel's (`default_permissions`) on the modes and owners of the
+   agent's mount.
 
 Served by its own process (`python -m fusevol.fuse.audit --root DIR`, started by the agent when a
 volume is audited, or by the chart's audit DaemonSet: `fusevol.fuse.servers`), which holds no
@@ -47,11 +48,12 @@ import pyfuse3
 import trio
 
 from fusevol.fuse import side_serve
-from fusevol.fuse.answering import Failures, answering_errors
+from fusevol.fuse.answering import answering_errors
 from fusevol.fuse.audit_index import IndexReader
 from fusevol.fuse.audit_records import RecordFile, now, record, records_path
 from fusevol.fuse.callers import Callers
 from fusevol.fuse.servers import AUDIT
+from fusevol.fuse.side_serve import SideOperations
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 from fusevol.node import layout
 
@@ -66,10 +68,7 @@ _TIMEOUT_S = 300.0
 of an audited volume is made through this mount (4), so the kernel updates them itself."""
 
 
-class AuditOperations(pyfuse3.Operations):
-    supports_dot_lookup = False
-    enable_writeback_cache = False
-    enable_acl = False
+class AuditOperations(SideOperations):
     enable_symlink_cache = True
     """2: a link's number is its number on the agent's mount, where a link never changes (a new
     `..data` is a new link), so its target may be kept (fusevol's patched pyfuse3 asks for it)."""
@@ -79,15 +78,12 @@ class AuditOperations(pyfuse3.Operations):
     ) -> None:
         """`source`: the agent's mountpoint."""
         super().__init__()
-        self.failures = Failures()
         self._source = os.fsencode(source)
         self._index = index
         self._records = records
         self._callers = callers
         self._paths: dict[int, tuple[bytes, ...]] = {pyfuse3.ROOT_INODE: ()}
         self._lookups: dict[int, int] = {}
-        self._dirs: dict[int, list[tuple[bytes, pyfuse3.EntryAttributes]]] = {}
-        self._next_dir = 1
 
     # -- 1, 2. paths and numbers -------------------------------------------------------------------
 
@@ -185,17 +181,6 @@ class AuditOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(errno.EIO) from None
         return fd
 
-    @answering_errors
-    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
-        try:
-            return await trio.to_thread.run_sync(os.pread, fh, size, off)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-
-    @answering_errors
-    async def release(self, fh: pyfuse3.FileHandleT) -> None:
-        os.close(fh)
-
     # -- directories -------------------------------------------------------------------------------
 
     @answering_errors
@@ -214,10 +199,7 @@ class AuditOperations(pyfuse3.Operations):
                     entries.append((name, await self._stat((*parts, name))))
                 except pyfuse3.FUSEError:
                     continue  # gone with the version listed
-        handle = self._next_dir
-        self._next_dir += 1
-        self._dirs[handle] = entries
-        return pyfuse3.FileHandleT(handle)
+        return self._new_dir(entries)
 
     @answering_errors
     async def readdir(
@@ -228,17 +210,6 @@ class AuditOperations(pyfuse3.Operations):
             if not pyfuse3.readdir_reply(token, name, attrs, offset):
                 return
             self._lookups[attrs.st_ino] = self._lookups.get(attrs.st_ino, 0) + 1
-
-    @answering_errors
-    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
-        self._dirs.pop(fh, None)
-
-    @answering_errors
-    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        stats = pyfuse3.StatvfsData()
-        stats.f_bsize = stats.f_frsize = 4096
-        stats.f_namemax = 255
-        return stats
 
     # -- 4. the publisher's operations, passed on --------------------------------------------------
 
@@ -319,20 +290,6 @@ class AuditOperations(pyfuse3.Operations):
         attrs = await self._stat(parts)
         self._lookups[attrs.st_ino] = self._lookups.get(attrs.st_ino, 0) + 1
         return attrs
-
-    # -- 5. refused to everyone --------------------------------------------------------------------
-
-    @answering_errors
-    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    @answering_errors
-    async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    @answering_errors
-    async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
-        raise pyfuse3.FUSEError(errno.EROFS)
 
 
 def _attributes(inode: int, st: os.stat_result) -> pyfuse3.EntryAttributes:

@@ -51,8 +51,9 @@ import pyfuse3
 import trio
 
 from fusevol.fuse import side_serve
-from fusevol.fuse.answering import Failures, answering_errors
+from fusevol.fuse.answering import answering_errors
 from fusevol.fuse.servers import FOLLOW
+from fusevol.fuse.side_serve import SideOperations
 from fusevol.node import layout
 from fusevol.node.layout import Plugin
 
@@ -65,21 +66,13 @@ _WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _SERVED_DIRS = frozenset(p.dir_name.encode() for p in Plugin if p.served_from_memory)
 
 
-class FollowOperations(pyfuse3.Operations):
-    supports_dot_lookup = False
-    enable_writeback_cache = False
-    enable_acl = False
-
+class FollowOperations(SideOperations):
     def __init__(self, pods: Path) -> None:
         super().__init__()
-        self.failures = Failures()
-        """Requests answered EIO for an unexpected exception (`fusevol.fuse.answering`)."""
         self._pods = os.fsencode(pods)
         self._paths: dict[int, tuple[bytes, ...]] = {pyfuse3.ROOT_INODE: ()}
         self._inodes: dict[tuple[bytes, ...], int] = {(): pyfuse3.ROOT_INODE}
         self._next = pyfuse3.ROOT_INODE + 1
-        self._dirs: dict[int, list[tuple[bytes, int]]] = {}
-        self._next_dir = 1
 
     # -- 1, 2. paths and inodes --------------------------------------------------------------------
 
@@ -172,17 +165,6 @@ class FollowOperations(pyfuse3.Operations):
         return pyfuse3.FileInfo(fh=fd, direct_io=True, keep_cache=False)
 
     @answering_errors
-    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
-        try:
-            return await trio.to_thread.run_sync(os.pread, fh, size, off)
-        except OSError as exc:
-            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
-
-    @answering_errors
-    async def release(self, fh: pyfuse3.FileHandleT) -> None:
-        os.close(fh)
-
-    @answering_errors
     async def opendir(
         self, inode: pyfuse3.InodeT, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileHandleT:
@@ -194,10 +176,7 @@ class FollowOperations(pyfuse3.Operations):
             raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
         if len(parts) == 1:
             names = [n for n in names if n in _SERVED_DIRS]
-        handle = self._next_dir
-        self._next_dir += 1
-        self._dirs[handle] = [(n, self._inode((*parts, n))) for n in sorted(names)]
-        return pyfuse3.FileHandleT(handle)
+        return self._new_dir([(n, self._inode((*parts, n))) for n in sorted(names)])
 
     @answering_errors
     async def readdir(
@@ -211,31 +190,6 @@ class FollowOperations(pyfuse3.Operations):
                 continue  # gone with the version listed
             if not pyfuse3.readdir_reply(token, name, attrs, offset):
                 return
-
-    @answering_errors
-    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
-        self._dirs.pop(fh, None)
-
-    @answering_errors
-    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
-        stats = pyfuse3.StatvfsData()
-        stats.f_bsize = stats.f_frsize = 4096
-        stats.f_namemax = 255
-        return stats
-
-    # -- 4. refused to everyone --------------------------------------------------------------------
-
-    @answering_errors
-    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    @answering_errors
-    async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
-        raise pyfuse3.FUSEError(errno.EROFS)
-
-    @answering_errors
-    async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
-        raise pyfuse3.FUSEError(errno.EROFS)
 
 
 def _attributes(

@@ -166,15 +166,12 @@ class Publisher:
         directory = self._tree.child(self._tree.root, volume)
         return None if directory is None else self._current(directory)
 
-    def route(self, volume: bytes, through: Path | None) -> None:
-        """Make the VFS operations on `volume` through `through` (None: through the agent's mount
-        again): an audited volume's go through the audit file system, which passes them on to
-        the agent's mount, so that the kernel updates its caches and inotify watchers of the
-        audited volume see kubelet's events (`fusevol.fuse.audit`)."""
-        if through is None:
-            self._routes.pop(volume, None)
-        else:
-            self._routes[volume] = through
+    def route(self, volume: bytes, through: Path) -> None:
+        """Make the VFS operations on `volume` through `through`, until it is removed: an audited
+        volume's go through the audit file system, which passes them on to the agent's mount, so
+        that the kernel updates its caches and inotify watchers of the audited volume see
+        kubelet's events (`fusevol.fuse.audit`)."""
+        self._routes[volume] = through
 
     def routed(self, volume: bytes) -> bool:
         return volume in self._routes
@@ -188,11 +185,14 @@ class Publisher:
         return self._mountpoint / os.fsdecode(volume)
 
     async def remove_volume(self, volume: bytes) -> None:
-        """Remove the volume directory and every version in it. No-op if it does not exist."""
+        """Remove the volume directory and every version in it, and its route (`route`). No-op
+        if it does not exist."""
+        through = self._through(volume)
+        self._routes.pop(volume, None)
         if self._tree.child(self._tree.root, volume) is None:
             return
         try:
-            await self._vfs("rmdir", self._through(volume))
+            await self._vfs("rmdir", through)
         except FileNotFoundError:
             if self._tree.child(self._tree.root, volume) is not None:
                 # The kernel says the name is not there while our tree holds it: should never

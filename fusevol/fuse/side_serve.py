@@ -1,18 +1,22 @@
-"""The serving loop of a side file system's process (`fusevol.fuse.servers`): mount, answer
+"""What the two side file systems (`fusevol.fuse.servers`: follow, audit) share: the handlers
+they answer alike (`SideOperations`), and their process' serving loop (`run`): mount, answer
 requests until SIGTERM or SIGINT, or until idle (nothing of it bound and no agent on the root for
 a few seconds), unmount. The follow and audit servers' `main` both end here.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyfuse3
 import trio
+
+from fusevol.fuse.answering import Failures, answering_errors
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -20,6 +24,64 @@ if TYPE_CHECKING:
     from fusevol.fuse.servers import SideServer
 
 log = logging.getLogger(__name__)
+
+
+class SideOperations(pyfuse3.Operations):
+    """A file handle is a descriptor the server opened on the file it stands for: reads are
+    preads of it, its release closes it. Directory handles index `_dirs`, which `opendir` fills.
+    statfs is a constant; a change of a file (setattr, create, write) is refused (EROFS)."""
+
+    supports_dot_lookup = False
+    enable_writeback_cache = False
+    enable_acl = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failures = Failures()
+        """Requests answered EIO for an unexpected exception (`fusevol.fuse.answering`)."""
+        self._dirs: dict[int, list[Any]] = {}
+        self._next_dir = 1
+
+    def _new_dir(self, entries: list[Any]) -> pyfuse3.FileHandleT:
+        handle = self._next_dir
+        self._next_dir += 1
+        self._dirs[handle] = entries
+        return pyfuse3.FileHandleT(handle)
+
+    @answering_errors
+    async def read(self, fh: pyfuse3.FileHandleT, off: int, size: int) -> bytes:
+        try:
+            return await trio.to_thread.run_sync(os.pread, fh, size, off)
+        except OSError as exc:
+            raise pyfuse3.FUSEError(exc.errno or errno.EIO) from None
+
+    @answering_errors
+    async def release(self, fh: pyfuse3.FileHandleT) -> None:
+        os.close(fh)
+
+    @answering_errors
+    async def releasedir(self, fh: pyfuse3.FileHandleT) -> None:
+        self._dirs.pop(fh, None)
+
+    @answering_errors
+    async def statfs(self, ctx: pyfuse3.RequestContext) -> pyfuse3.StatvfsData:
+        stats = pyfuse3.StatvfsData()
+        stats.f_bsize = stats.f_frsize = 4096
+        stats.f_namemax = 255
+        return stats
+
+    @answering_errors
+    async def setattr(self, *args: object) -> pyfuse3.EntryAttributes:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    @answering_errors
+    async def create(self, *args: object) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
+    @answering_errors
+    async def write(self, fh: pyfuse3.FileHandleT, off: int, buf: bytes) -> int:
+        raise pyfuse3.FUSEError(errno.EROFS)
+
 
 IDLE_EXIT_S = 5.0
 """Without any bind of it and without an agent for this long, a server unmounts and exits."""

@@ -331,7 +331,6 @@ class ServedVolumes:
                 for key in self._objects_of.pop(name, ()):
                     self._shared_by_object.discard(key, name)
                 await self._publisher.remove_volume(name)
-                self._publisher.route(name, None)
                 if self._auditing is not None:
                     await self._auditing.removed(name)
 
