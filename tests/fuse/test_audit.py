@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.fuse.audit_records import records_path
 from fusevol.fuse.servers import AUDIT
+from fusevol.fuse.vfs_helper import PUBLISHER_GID
 from tests.agent import running_agent, wait_for, write_atomically
 
 if TYPE_CHECKING:
@@ -242,6 +243,27 @@ def test_the_records_and_the_audit_mount_are_roots_alone(audited: AgentProcess) 
         assert refused.returncode != 0, path
         assert "Permission denied" in refused.stderr, path
     assert records(agent) == [], "a refused open reaches no server: nothing was read"
+
+
+def test_only_the_publisher_changes_an_audited_volume(audited: AgentProcess) -> None:
+    """A pod's bind is read-only, whoever asks (root, root with the publisher's group); on the
+    audit mount itself the server refuses anyone but the publisher."""
+    creds = audited.volume(UID, "secret", "creds")
+    with open("/proc/self/mountinfo") as f:  # the bind's root on the audit mount: its subtree
+        (root,) = [line.split()[3] for line in f if line.split()[4] == str(creds)]
+    subtree = AUDIT.mountpoint(audited.root) / root.lstrip("/")
+    assert (subtree / "password").read_text() == VALUE
+    for argv in (
+        ["mkdir", str(creds / "x")],
+        ["setpriv", "--regid", str(PUBLISHER_GID), "--clear-groups", "mkdir", str(creds / "x")],
+        ["mv", str(creds / "password"), str(creds / "stolen")],
+        ["mkdir", str(subtree / "x")],
+        ["rm", str(subtree / "password")],
+    ):
+        refused = subprocess.run(argv, capture_output=True, text=True)
+        assert refused.returncode != 0, argv
+        assert "Read-only file system" in refused.stderr, argv
+    assert (creds / "password").read_text() == VALUE
 
 
 def test_a_pod_may_ask_for_more_audit_never_less(manifests: Path, tmp_path: Path) -> None:
