@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
     from pathlib import Path
 
-    from fusevol.projection.origins import Origin
+    from fusevol.model.audit import Origin
 
 KEPT_VERSIONS = 4
 

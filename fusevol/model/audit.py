@@ -16,6 +16,7 @@ source); `all` every configMap, secret, downwardAPI and projected volume.
 from __future__ import annotations
 
 import enum
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusevol.model.sources import ProjectedVolumeSource, SecretProjection, SecretVolumeSource
@@ -39,6 +40,18 @@ class AuditLevel(enum.IntEnum):
             return cls[text.strip().upper()]
         except KeyError:
             raise ValueError(f"{where}: {text!r} is not one of off, secrets, all") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Origin:
+    """Where a file of a served volume comes from: an object's key, or a downward API field
+    (kind "Pod"), at the object's resourceVersion (`fusevol.projection.origins`)."""
+
+    kind: str
+    namespace: str
+    name: str
+    resource_version: str
+    key: str
 
 
 def pod_level(annotations: Mapping[str, str]) -> AuditLevel:

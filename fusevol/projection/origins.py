@@ -11,7 +11,6 @@ here is recorded without an object.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from fusevol.model import (
@@ -29,21 +28,13 @@ from fusevol.model import (
     SecretVolumeSource,
     ServiceAccountTokenProjection,
 )
+from fusevol.model.audit import Origin
 from fusevol.projection.paths import clean_path
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
     from fusevol.model import KeyToPath, Pod
-
-
-@dataclass(frozen=True, slots=True)
-class Origin:
-    kind: str
-    namespace: str
-    name: str
-    resource_version: str
-    key: str
 
 
 def origins(pod: Pod, source: object, get: Callable[[ObjectKey], object]) -> dict[str, Origin]:

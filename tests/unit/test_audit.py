@@ -30,8 +30,8 @@ from fusevol.model import (
     SecretVolumeSource,
     ServiceAccountTokenProjection,
 )
-from fusevol.model.audit import ANNOTATION, AuditLevel, audited, pod_level
-from fusevol.projection.origins import Origin, origins
+from fusevol.model.audit import ANNOTATION, AuditLevel, Origin, audited, pod_level
+from fusevol.projection.origins import origins
 
 if TYPE_CHECKING:
     from pathlib import Path
