@@ -14,7 +14,7 @@ import os
 import subprocess
 import sys
 import textwrap
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -86,7 +86,7 @@ def audited(manifests: Path, tmp_path: Path) -> Iterator[AgentProcess]:
     assert not AUDIT.is_serving(tmp_path / "root"), "a clean stop stops the audit server"
 
 
-def records(agent: AgentProcess) -> list[dict[str, object]]:
+def records(agent: AgentProcess) -> list[dict[str, Any]]:
     path = records_path(agent.root)
     if not path.exists():
         return []
