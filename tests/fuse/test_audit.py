@@ -282,6 +282,20 @@ def test_a_pod_may_ask_for_more_audit_never_less(manifests: Path, tmp_path: Path
         agent.stop()
 
 
+def test_records_are_copied_to_the_agents_standard_output(manifests: Path, tmp_path: Path) -> None:
+    """`--audit-stdout true`: for the node's log collector, each record as a line of its own."""
+    with running_agent(
+        manifests, tmp_path / "root", "--audit", "secrets", "--audit-stdout", "true"
+    ) as agent:
+        agent.wait_state(UID, "creds", "mounted")
+        assert (agent.volume(UID, "secret", "creds") / "user").read_text() == "admin"
+        (line,) = wait_for(
+            lambda: [line for line in agent.log_text().splitlines() if '"kind":"Event"' in line]
+        )
+        assert json.loads(line) == records(agent)[0]
+        agent.stop()
+
+
 def test_without_any_audit_no_audit_server_runs(manifests: Path, tmp_path: Path) -> None:
     with running_agent(manifests, tmp_path / "root") as agent:
         agent.wait_state(UID, "creds", "mounted")
