@@ -58,7 +58,7 @@ from fusevol.agent.launcher import FDNAME_FUSE, FDNAME_STATE, Launcher
 from fusevol.agent.lifecycle import Lifecycle, Phase
 from fusevol.agent.lock import AgentLock
 from fusevol.fuse.naming import ConnectionKey
-from fusevol.fuse.servers import SERVERS
+from fusevol.fuse.servers import AUDIT, SERVERS
 from fusevol.fuse.session import Connection, serve
 from fusevol.node import layout
 from fusevol.volumemanager.reconciler.reconstruct import (
@@ -267,6 +267,8 @@ class Agent:
             await unmount_all_below(self.components.backend, layout.pods_dir(root))
             await trio.to_thread.run_sync(remove_pod_dirs, layout.pods_dir(root))
             for server in SERVERS:  # their binds are gone
+                if server is AUDIT and self.settings.audit.server != "agent":
+                    continue  # another supervisor's (the chart's audit DaemonSet): it stays
                 await trio.to_thread.run_sync(server.stop, root)
         if predecessor is not None:  # its binds went with ours
             with trio.CancelScope(shield=True):
