@@ -100,6 +100,7 @@ class Components:
                 default=AuditLevel.parse(settings.audit.default, where="--audit"),
                 server=settings.audit.server,
                 runtime_state=settings.audit.runtime_state,
+                exists=lambda subtree: self.tree.child(self.tree.root, subtree) is not None,
             ),
         )
         built = build_source(settings, self.store)

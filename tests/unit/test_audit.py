@@ -32,6 +32,7 @@ from fusevol.model import (
 )
 from fusevol.model.audit import ANNOTATION, AuditLevel, Origin, audited, pod_level
 from fusevol.projection.origins import origins
+from fusevol.volumemanager.reconciler.auditing import Auditing
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -224,3 +225,12 @@ def test_a_record_names_and_never_holds_content() -> None:
     assert event["requestReceivedTimestamp"] == "2026-11-29T16:00:00.123456Z"
     assert event["objectRef"] is None
     assert event["volume"] == {"name": None, "plugin": None, "path": "password", "version": "..v1"}
+
+
+def test_index_files_of_a_connection_not_taken_over_are_removed(tmp_path: Path) -> None:
+    writer = IndexWriter(tmp_path, node_name="n1")
+    facts = VolumeFacts("ns", "app", "u-1", "creds", "secret")
+    for subtree in (b"held", b"gone"):
+        writer.prepare(subtree, facts, {}, "t0")
+    Auditing(root=tmp_path, node_name="n1", exists=lambda subtree: subtree == b"held")
+    assert IndexWriter.listed(tmp_path) == [b"held"]

@@ -23,6 +23,7 @@ from fusevol.model.audit import AuditLevel, audited, pod_level
 from fusevol.projection.origins import origins
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
     from fusevol.volumemanager.cache.desired import VolumeToServe
@@ -38,14 +39,22 @@ class Auditing:
         default: AuditLevel = AuditLevel.OFF,
         server: str = "agent",
         runtime_state: Path | None = None,
+        exists: Callable[[bytes], bool] = lambda _: True,
     ) -> None:
+        """`exists(subtree)`: whether the agent's mount holds the subtree (its tree, as taken
+        over): the index files of those it does not hold are a previous connection's, removed."""
         self._root = root
         self._default = default
         self._server = server
         self._server_args = () if runtime_state is None else ("--runtime-state", str(runtime_state))
         self._index = IndexWriter(root, node_name=node_name)
-        self._subtrees = set(IndexWriter.listed(root))
+        self._subtrees: set[bytes] = set()
         """Audited subtrees with an index file, a previous agent's too: removed with them."""
+        for subtree in IndexWriter.listed(root):
+            if exists(subtree):
+                self._subtrees.add(subtree)
+            else:  # a connection that was not taken over: its subtrees went with it
+                self._index.remove(subtree)
 
     def audited(self, volume: VolumeToServe) -> bool:
         """Whether the volume's opens are recorded: the highest level asked for (module
