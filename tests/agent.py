@@ -287,16 +287,18 @@ class AgentProcess:
         except urllib.error.HTTPError as exc:
             return exc.code, exc.read().decode()
 
+    def samples(self, name: str) -> list[tuple[dict[str, str], float]]:
+        """The samples called `name` (a counter's `..._total`) in the agent's /metrics: labels,
+        value."""
+        families = text_string_to_metric_families(self.http_get("/metrics")[1])
+        return [(s.labels, s.value) for f in families for s in f.samples if s.name == name]
+
     def fuse_requests(self) -> collections.Counter[str]:
         """`fusevol_fuse_requests_total` by operation, from the agent's /metrics."""
-        families = text_string_to_metric_families(self.http_get("/metrics")[1])
         return collections.Counter(
             {
-                sample.labels["operation"]: int(sample.value)
-                for family in families
-                if family.name == "fusevol_fuse_requests"
-                for sample in family.samples
-                if sample.name == "fusevol_fuse_requests_total"
+                labels["operation"]: int(value)
+                for labels, value in self.samples("fusevol_fuse_requests_total")
             }
         )
 

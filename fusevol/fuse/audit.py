@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _TIMEOUT_S = 300.0
 """How long the kernel keeps entries and attributes (the agent's mount's default): every change
 of an audited volume is made through this mount (4), so the kernel updates them itself."""
@@ -148,8 +147,7 @@ class AuditOperations(SideOperations):
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
+        self._refuse_writing(flags)
         parts = self._parts(inode)
         # On this thread: a few system calls, none of which waits for the agent while the kernel
         # holds the path (the open of the agent's mount only, and then only if the agent is not

@@ -62,7 +62,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
 _SERVED_DIRS = frozenset(p.dir_name.encode() for p in Plugin if p.served_from_memory)
 
 
@@ -153,8 +152,7 @@ class FollowOperations(SideOperations):
     async def open(
         self, inode: pyfuse3.InodeT, flags: int, ctx: pyfuse3.RequestContext
     ) -> pyfuse3.FileInfo:
-        if flags & _WRITE_FLAGS:
-            raise pyfuse3.FUSEError(errno.EROFS)
+        self._refuse_writing(flags)
         parts = self._parts(inode)
         if len(parts) < 3:
             raise pyfuse3.FUSEError(errno.EISDIR)

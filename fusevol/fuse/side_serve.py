@@ -25,6 +25,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+_WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_TRUNC | os.O_APPEND | os.O_CREAT
+
 
 class SideOperations(pyfuse3.Operations):
     """A file handle is a descriptor the server opened on the file it stands for: reads are
@@ -41,6 +43,12 @@ class SideOperations(pyfuse3.Operations):
         """Requests answered EIO for an unexpected exception (`fusevol.fuse.answering`)."""
         self._dirs: dict[int, list[Any]] = {}
         self._next_dir = 1
+
+    @staticmethod
+    def _refuse_writing(flags: int) -> None:
+        """EROFS for an open that asks to write: both mirror files only to read."""
+        if flags & _WRITE_FLAGS:
+            raise pyfuse3.FUSEError(errno.EROFS)
 
     def _new_dir(self, entries: list[Any]) -> pyfuse3.FileHandleT:
         handle = self._next_dir

@@ -39,28 +39,31 @@ if TYPE_CHECKING:
 
 def origins(pod: Pod, source: object, get: Callable[[ObjectKey], object]) -> dict[str, Origin]:
     """`{path: Origin}` for the files a volume of `source` shows; `get(key)` reads the store."""
-    found: dict[str, Origin] = {}
-    match source:
+    match source:  # a volume of one source shows what the same projection would
         case ConfigMapVolumeSource(name=name, items=items):
-            found.update(_keys(Kind.CONFIG_MAP, pod.namespace, name, items, get))
+            projections: tuple[object, ...] = (ConfigMapProjection(name, items),)
         case SecretVolumeSource(secret_name=name, items=items):
-            found.update(_keys(Kind.SECRET, pod.namespace, name, items, get))
+            projections = (SecretProjection(name, items),)
         case DownwardAPIVolumeSource(items=items):
-            found.update(_fields(pod, items))
+            projections = (DownwardAPIProjection(items),)
         case ProjectedVolumeSource(sources=sources):
-            for projection in sources:
-                match projection:
-                    case ConfigMapProjection(name=name, items=items):
-                        found.update(_keys(Kind.CONFIG_MAP, pod.namespace, name, items, get))
-                    case SecretProjection(name=name, items=items):
-                        found.update(_keys(Kind.SECRET, pod.namespace, name, items, get))
-                    case DownwardAPIProjection(items=items):
-                        found.update(_fields(pod, items))
-                    case ServiceAccountTokenProjection(path=path):
-                        account = pod.service_account_name
-                        found[clean_path(path)] = Origin(
-                            "ServiceAccount", pod.namespace, account, "", "token"
-                        )
+            projections = tuple(sources)
+        case _:
+            projections = ()
+    found: dict[str, Origin] = {}
+    for projection in projections:
+        match projection:
+            case ConfigMapProjection(name=name, items=items):
+                found.update(_keys(Kind.CONFIG_MAP, pod.namespace, name, items, get))
+            case SecretProjection(name=name, items=items):
+                found.update(_keys(Kind.SECRET, pod.namespace, name, items, get))
+            case DownwardAPIProjection(items=items):
+                found.update(_fields(pod, items))
+            case ServiceAccountTokenProjection(path=path):
+                account = pod.service_account_name
+                found[clean_path(path)] = Origin(
+                    "ServiceAccount", pod.namespace, account, "", "token"
+                )
     return found
 
 

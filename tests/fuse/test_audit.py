@@ -17,7 +17,6 @@ import textwrap
 from typing import TYPE_CHECKING, Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from fusevol.fuse.audit_records import records_path
 from fusevol.fuse.servers import AUDIT
@@ -306,13 +305,9 @@ def test_without_any_audit_no_audit_server_runs(manifests: Path, tmp_path: Path)
 
 def audit_counts(agent: AgentProcess) -> dict[tuple[str, str, str], float]:
     """`fusevol_audit_reads_total` by (kind, object, key), from the agent's /metrics."""
-    families = text_string_to_metric_families(agent.http_get("/metrics")[1])
     return {
-        (s.labels["kind"], s.labels["object"], s.labels["key"]): s.value
-        for f in families
-        if f.name == "fusevol_audit_reads"
-        for s in f.samples
-        if s.name == "fusevol_audit_reads_total"
+        (labels["kind"], labels["object"], labels["key"]): value
+        for labels, value in agent.samples("fusevol_audit_reads_total")
     }
 
 

@@ -8,8 +8,6 @@ import subprocess
 import sys
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from fusevol.observe.frozen import CHECK_S
 from tests.agent import AgentProcess, running_agent, wait_for
 from tests.helpers.apiserver import running_apiserver
@@ -37,12 +35,9 @@ CONTAINER = ["unshare", "--mount", "--propagation", "private", sys.executable, "
 
 
 def frozen_gauge(agent: AgentProcess) -> dict[tuple[str, str, str], float]:
-    families = text_string_to_metric_families(agent.http_get("/metrics")[1])
     return {
-        (s.labels["namespace"], s.labels["pod"], s.labels["volume"]): s.value
-        for family in families
-        if family.name == "fusevol_frozen_volumes"
-        for s in family.samples
+        (labels["namespace"], labels["pod"], labels["volume"]): value
+        for labels, value in agent.samples("fusevol_frozen_volumes")
     }
 
 
