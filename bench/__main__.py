@@ -16,7 +16,8 @@ Rows, each from one module of this package (run alone for details):
        per pod volume with 2000 pods vs 500
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
   5b   NodePublishVolume, one pod and 20 at once, vs AtomicWriter's writes   csi_publish.py
-  6    cold stat+open+close throughput, caches dropped, 1 and 4 clients     cold_throughput.py
+  6    cold stat+open+close throughput, caches dropped, 1 and 4 clients,    cold_throughput.py
+       vs tmpfs and the floor (a minimal C libfuse3 server, same layout)
 
 Run alone, not in this table (it needs containerd and runc): reader pauses when the agent is
 replaced (a rollout, a deleted agent pod with and without the holder)         rollout.py
@@ -176,11 +177,16 @@ def main() -> None:
     for clients in cold_throughput.CLIENTS:
         f = statistics.median(cold.fusevol[clients])
         t = statistics.median(cold.tmpfs[clients])
+        if cold.floor:
+            c = statistics.median(cold.floor[clients])
+            floor, vs_floor = f"C libfuse floor {c:,.0f}", f", {f / c:.2f}x the floor"
+        else:
+            floor, vs_floor = f"C libfuse floor not built: {cold.floor_not_built}", ""
         _row(
             f"6   cold stat+open, {clients} client(s), {cold.keys} keys",
             f"{f:,.0f} keys/s",
-            f"tmpfs {t:,.0f} keys/s",
-            f"{f / t:.2f}x the throughput",
+            f"tmpfs {t:,.0f} keys/s; {floor}",
+            f"{f / t:.2f}x tmpfs{vs_floor}",
         )
     print(f"(bench ran {time.monotonic() - started:.0f} s)")
 

@@ -1,12 +1,28 @@
 """Cold request throughput: stat+open+close of distinct keys with the kernel's caches dropped
-(row 6 of `python -m bench`), fusevol beside kubelet's layout on tmpfs, with 1 and 4 client
-processes.
+(row 6 of `python -m bench`), fusevol beside kubelet's layout on tmpfs and beside the floor, a
+minimal C FUSE server of the same layout, with 1 and 4 client processes.
 
 One ConfigMap with KEYS keys, served by the real agent and written the AtomicWriter way to a
-tmpfs. For each setup and client count: `echo 3 > /proc/sys/vm/drop_caches` (the FUSE mount's
-dentries, inodes and cached symlinks go; tmpfs keeps its own, which is the physical floor), then
+tmpfs. For each setup and client count: `echo 3 > /proc/sys/vm/drop_caches` (the FUSE mounts'
+dentries, inodes and cached symlinks go; tmpfs keeps its own: it is the kernel alone), then
 the clients, started together, each stat+open+close their share of `vol/<key>`; throughput is
-keys per second over the wall time of the slowest client. Median of REPEATS runs.
+keys per second over the wall time of the slowest client. Median of REPEATS runs, the three
+setups interleaved in each run, so that drift hits them alike.
+
+The floor: tmpfs answers from the kernel's own caches and makes no request, so it says how far
+fusevol is from a disk-less file system, not how far it is from what FUSE allows. Every cold key
+costs a FUSE server the same requests (lookup of the key, readlink of it, lookup of the file in
+the version directory; `..data` once per run), each a round trip through /dev/fuse with two
+context switches. bench/cold_floor.c serves the same layout with nothing else to do: libfuse3's
+low-level API, one thread, every answer computed from the inode number, and the same mount as
+fusevol's (no open requests, cached symlinks, 300 s entry and attribute timeouts). Its figure is
+what any FUSE server's requests cost on this machine; fusevol's is read against it. It is
+compiled at run time (gcc and libfuse3's pkg-config); without them the floor is reported as not
+built and the rest runs.
+
+Neither server nor client is pinned to a CPU. Where the scheduler puts them decides much: with
+one client, the floor served ~30k keys/s with client and server on one CPU and ~4.5k on two
+(each request then waits for a wake-up on the other CPU), so runs vary with placement.
 
     .venv/bin/python bench/cold_throughput.py [--keys 2000] [--repeats 5]     (root: mounts)
 """
@@ -14,7 +30,10 @@ keys per second over the wall time of the slowest client. Median of REPEATS runs
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -22,6 +41,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -29,6 +49,9 @@ from bench import AGENT_ARGS, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 UID = "eeeeeeee-0000-4000-8000-000000000001"
 POD = f"""kind: Pod
@@ -38,6 +61,7 @@ spec:
   volumes: [{{name: config, configMap: {{name: cold}}}}]
 """
 CLIENTS = (1, 4)
+FLOOR_SOURCE = Path(__file__).resolve().parent / "cold_floor.c"
 
 CLIENT = r"""
 import os, sys, time
@@ -57,6 +81,14 @@ class Result:
     fusevol: dict[int, list[float]] = field(default_factory=dict)
     """clients -> keys/s of each run."""
     tmpfs: dict[int, list[float]] = field(default_factory=dict)
+    floor: dict[int, list[float]] = field(default_factory=dict)
+    """The C libfuse floor (bench/cold_floor.c); empty when it was not built."""
+    floor_not_built: str | None = None
+    """Why `floor` is empty: no gcc, no libfuse3 for pkg-config, or a failed build."""
+
+
+class FloorNotBuilt(Exception):
+    """The floor cannot be built on this machine; the message says why."""
 
 
 def key_names(n: int) -> list[str]:
@@ -66,6 +98,60 @@ def key_names(n: int) -> list[str]:
 def configmap(n: int) -> str:
     data = "".join(f"  {key}: v\n" for key in key_names(n))
     return f"kind: ConfigMap\nmetadata: {{name: cold}}\ndata:\n{data}"
+
+
+def build_floor(directory: Path) -> Path:
+    """bench/cold_floor.c compiled into `directory`; FloorNotBuilt if it cannot be."""
+    gcc, pkg_config = shutil.which("gcc"), shutil.which("pkg-config")
+    if gcc is None:
+        raise FloorNotBuilt("no gcc")
+    if pkg_config is None:
+        raise FloorNotBuilt("no pkg-config")
+    flags = subprocess.run(
+        [pkg_config, "--cflags", "--libs", "fuse3"], capture_output=True, text=True, check=False
+    )
+    if flags.returncode != 0:
+        raise FloorNotBuilt("pkg-config finds no fuse3 (libfuse3-dev)")
+    directory.mkdir(parents=True, exist_ok=True)
+    binary = directory / "cold_floor"
+    compiled = subprocess.run(
+        [gcc, "-O2", "-o", str(binary), str(FLOOR_SOURCE), *flags.stdout.split()],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if compiled.returncode != 0:
+        raise FloorNotBuilt(f"gcc failed: {compiled.stderr.strip()}")
+    return binary
+
+
+@contextlib.contextmanager
+def running_floor(binary: Path, mountpoint: Path, keys: list[str]) -> Iterator[Path]:
+    """The floor serving `keys` at `mountpoint` for the block, then stopped and unmounted."""
+    mountpoint.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen([str(binary), str(mountpoint), str(len(keys))])
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"cold_floor exited with status {proc.returncode}")
+            with contextlib.suppress(OSError):
+                (mountpoint / keys[0]).stat()
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"cold_floor does not answer at {mountpoint}")
+            time.sleep(0.01)
+        yield mountpoint
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if os.path.ismount(mountpoint):
+            subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
 def drop_caches() -> None:
@@ -109,16 +195,26 @@ def measure(n: int = 2000, repeats: int = 5) -> Result:
         manifests.mkdir()
         (manifests / "cm.yaml").write_text(configmap(n))
         (manifests / "pod.yaml").write_text(POD)
+        try:
+            floor_binary: Path | None = build_floor(base / "build")
+        except FloorNotBuilt as exc:
+            floor_binary, result.floor_not_built = None, str(exc)
         with (
             tmpfs(base / "kubelet") as kubelet_volume,
             running_agent(manifests, base / "root", *AGENT_ARGS) as agent,
+            contextlib.ExitStack() as stack,
         ):
             kubelet_reference.write(
                 kubelet_volume, {key: FileProjection(b"v", 0o644) for key in keys}
             )
             volume = agent.volume(UID, "configmap", "config")
             wait_for(lambda: (volume / keys[-1]).exists(), timeout_s=30)
-            for _ in range(repeats):  # interleaved, so that drift hits both alike
+            floor_volume = None
+            if floor_binary is not None:
+                floor_volume = stack.enter_context(
+                    running_floor(floor_binary, base / "floor", keys)
+                )
+            for _ in range(repeats):  # interleaved, so that drift hits all alike
                 for clients in CLIENTS:
                     result.tmpfs.setdefault(clients, []).append(
                         run_clients(kubelet_volume, keys, clients)
@@ -126,6 +222,10 @@ def measure(n: int = 2000, repeats: int = 5) -> Result:
                     result.fusevol.setdefault(clients, []).append(
                         run_clients(volume, keys, clients)
                     )
+                    if floor_volume is not None:
+                        result.floor.setdefault(clients, []).append(
+                            run_clients(floor_volume, keys, clients)
+                        )
             agent.stop()
     return result
 
@@ -139,11 +239,17 @@ def main() -> None:
         sys.exit("needs root (mounts, drop_caches)")
     r = measure(args.keys, args.repeats)
     print(f"cold stat+open+close of {r.keys} distinct keys, caches dropped, median of runs")
+    print("the floor: bench/cold_floor.c, a single-threaded C libfuse3 server of the same layout")
     for clients in CLIENTS:
         f, t = statistics.median(r.fusevol[clients]), statistics.median(r.tmpfs[clients])
+        if r.floor:
+            c = statistics.median(r.floor[clients])
+            floor, vs_floor = f"the floor {c:,.0f} keys/s", f", {f / c:.2f}x the floor"
+        else:
+            floor, vs_floor = f"the floor not built: {r.floor_not_built}", ""
         print(
-            f"{clients} client(s): fusevol {f:,.0f} keys/s, tmpfs {t:,.0f} keys/s "
-            f"({f / t:.2f}x tmpfs)"
+            f"{clients} client(s): fusevol {f:,.0f} keys/s, {floor}, tmpfs {t:,.0f} keys/s "
+            f"({f / t:.2f}x tmpfs{vs_floor})"
         )
 
 
