@@ -18,6 +18,7 @@ message]` (errno 0: done). Paths are `os.fsdecode`d strings.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import errno
 import os
@@ -97,14 +98,31 @@ def warm(volumes: list[list[Any]]) -> None:
     """Volumes made whole in memory (`Publisher._create`), before they are bound anywhere, each
     `[root, version name, top-level names, files]`: read `..data` and the top-level links back and
     look the version's files up (`look_up`), so the kernel holds what a first reader would have
-    asked for. Best effort, volume by volume: one that fails is left cold."""
-    for root, name, top, files in volumes:
-        with contextlib.suppress(OSError):
-            os.readlink(os.path.join(root, DATA))
-            for entry in top:
-                with contextlib.suppress(OSError):  # (a name of a version's own: not a link)
-                    os.readlink(os.path.join(root, entry))
-            look_up(os.path.join(root, name), files)
+    asked for. Best effort, volume by volume: one that fails is left cold. Several volumes are
+    warmed side by side (`WARMERS`)."""
+    if len(volumes) <= 1:
+        for volume in volumes:
+            _warm_volume(*volume)
+        return
+    with concurrent.futures.ThreadPoolExecutor(min(WARMERS, len(volumes))) as pool:
+        for _ in pool.map(lambda volume: _warm_volume(*volume), volumes):
+            pass
+
+
+WARMERS = 4
+"""Threads that warm new volumes side by side. Each request is a round trip to the agent, which
+across CPUs costs more in wake-ups than the agent's answer (docs/fuse.md fact 5): one reader
+at a time kept the agent waiting, four keep requests queued for it (100 volumes of one key:
+37 ms one at a time, 9 ms with four threads; eight, 8 ms)."""
+
+
+def _warm_volume(root: str, name: str, top: list[str], files: list[str] | None) -> None:
+    with contextlib.suppress(OSError):
+        os.readlink(os.path.join(root, DATA))
+        for entry in top:
+            with contextlib.suppress(OSError):  # (a name of a version's own: not a link)
+                os.readlink(os.path.join(root, entry))
+        look_up(os.path.join(root, name), files)
 
 
 def look_up(version: str, files: list[str] | None) -> None:
