@@ -15,7 +15,8 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        the pod's when the source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED
        with the server's message (it names the object and the user), and kubelet's next retry
        asks again;
-    4. adds the `CsiVolume` to the desired state, records it (`state`), kicks the reconciler;
+    4. adds the `CsiVolume` to the desired state, kicks the reconciler, and records the volume
+       (`state`) while it is set up;
     5. waits until the volume is set up with its current inputs (`waiting`: or its operation
        failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
@@ -224,10 +225,10 @@ class CsiNode:
         if not request_tokens:
             put_tokens(self._store, publication, pod)  # (3)
         self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
+        self._kick()
         if known is None:
             self._published[volume_id] = publication
-            await self._save()
-        self._kick()
+            await self._save()  # while the reconciler sets the volume up
         try:
             await self._waiter.wait_served(name)  # (5)
         except CsiError as exc:
