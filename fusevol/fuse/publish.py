@@ -86,6 +86,8 @@ class PublisherStatistics:
     volumes: int
     publishes: int
     pending_removals: int
+    warming: int
+    """New volumes warmed after `publish` returned (`warm_later`), not done yet."""
 
 
 class Publisher:
@@ -107,6 +109,7 @@ class Publisher:
         self._grace_s = grace_s
         self._publishes = 0
         self._pending_removals = 0
+        self._warming_later = 0
         self._nursery: trio.Nursery | None = None
         self._idle: list[HelperProcess] = []
         self._helpers: dict[int, HelperProcess] = {}
@@ -209,11 +212,15 @@ class Publisher:
         gid: int | None = None,
         dir_mode: int = 0o755,
         new: VolumeDir | None = None,
+        warm_later: bool = False,
     ) -> bool:
         """Make `payload` the volume's content. Returns False if it already was.
 
         A volume that does not exist yet is made as `new` says, with `payload` as its first
-        version, and appears whole (`_create`). For an existing one, the steps carry
+        version, and appears whole (`_create`); it is warmed before this returns, or with
+        `warm_later` meanwhile, after (a CSI volume: kubelet is answered once it is bound, and
+        starts no container before it has answered every volume of the pod and made the pod's
+        sandbox). For an existing one, the steps carry
         AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
         (1) the payload was validated by its builder (`fusevol.projection`);
         (2) the current version is read from the tree (`..data` names it), not from the mount;
@@ -237,7 +244,13 @@ class Publisher:
                 top = [os.fsdecode(n) for n in sorted(_top_level(payload))]
                 look_up = _looked_up(version)
                 through = str(self._through(volume))
-                await self._warm([through, os.fsdecode(name), top, look_up], pages)
+                warming = [through, os.fsdecode(name), top, look_up]
+                if warm_later:
+                    assert self._nursery is not None, "Publisher.run() is not running"
+                    self._warming_later += 1
+                    self._nursery.start_soon(self._warm_meanwhile, warming, pages)
+                else:
+                    await self._warm(warming, pages)
             return True
         root = self._through(volume)
         old = self._current(volume_dir)
@@ -345,6 +358,16 @@ class Publisher:
                 for each in batch:
                     each.done = True
 
+    async def _warm_meanwhile(self, volume: list[Any], pages: list[tuple[int, bytes]]) -> None:
+        """`_warm`, for a caller that did not wait (`publish`'s `warm_later`): a helper that
+        died leaves the volume cold (its first reads ask the agent), and nothing else."""
+        try:
+            await self._warm(volume, pages)
+        except Exception as exc:
+            log.warning("new volume not warmed, its first reads ask the agent error=%s", exc)
+        finally:
+            self._warming_later -= 1
+
     async def _store(self, pages: list[tuple[int, bytes]]) -> None:
         assert self._store_pages is not None
         if pages:
@@ -352,7 +375,9 @@ class Publisher:
 
     def statistics(self) -> PublisherStatistics:
         volumes = len(self._tree.root.children or ())
-        return PublisherStatistics(volumes, self._publishes, self._pending_removals)
+        return PublisherStatistics(
+            volumes, self._publishes, self._pending_removals, self._warming_later
+        )
 
     def _unused_name(self, volume_dir: Node) -> bytes:
         """A version directory name, `..<UTC time>.<random>`, that `volume_dir` does not hold.

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 import signal
 import subprocess
 import threading
@@ -21,6 +22,7 @@ from tests import kubelet_reference
 from tests.agent import Holder, mounts_below, wait_for
 from tests.csi.conftest import UID, csi_volume, pod
 from tests.csi.kubelet import Kubelet, Obj, is_mount_point, volume_handle
+from tests.fuse.test_read_path import hot_read, requests_during_first_reads
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -145,6 +147,29 @@ def test_kubelet_publishes_configmap_secret_and_projected_volumes(
         ).exists()
         assert json.loads((agent.root / "fusevol" / "csi.json").read_text())["published"] == []
         kubelet.unpublish(web, "config")  # again: OK, nothing to do
+
+
+def test_a_publish_is_answered_once_bound_and_warm_before_a_container_could_read(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """NodePublishVolume waits for the bind only (kubelet's own SetUp has no warming to wait
+    for); the warming of a new volume goes on meanwhile, and its first reads then ask the agent
+    nothing (docs/fuse.md fact 15). kubelet answers every volume of a pod before it makes the
+    pod's sandbox, and only then starts a container."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    api.create(secret("creds", {"password": "hunter2", "user": "admin"}))
+    web = pod(volumes=[csi_volume("config", configMap="app"), csi_volume("creds", secret="creds")])
+    api.create(web)
+    with csi_agent() as (agent, kubelet):
+        negotiated = re.search(r"FUSE capabilities negotiated (.*)", agent.log_text())
+        if negotiated is None or "no_open_support" not in negotiated[1].split():
+            pytest.skip("the kernel does not offer no_open: every open asks the agent")
+        config = kubelet.publish(web, "config")
+        assert hot_read(config / "a") == b"1"  # the connection's first open (no_open)
+        creds = kubelet.publish(web, "creds")  # a new subtree of its own, warmed after
+        wait_for(lambda: agent.live_statistics()["publisher"]["warming"] == 0, timeout_s=10)
+        files = {creds / "password": b"hunter2", creds / "user": b"admin"}
+        assert requests_during_first_reads(agent, files) == {}
 
 
 def test_a_missing_object_fails_then_appears_on_kubelets_retry(

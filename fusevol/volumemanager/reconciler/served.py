@@ -375,6 +375,7 @@ class ServedVolumes:
                 nested=nested_mountpoints(volume),
                 nested_mode=ownership.dir_mode(0o755, fs_group),
             ),
+            warm_later=volume.target is not None,  # a CSI volume: answered once it is bound
         )
         if auditing is not None:
             await auditing.published(name, self._publisher.current_version(name))
