@@ -219,9 +219,9 @@ class Publisher:
         A volume that does not exist yet is made as `new` says, with `payload` as its first
         version, and appears whole (`_create`); it is warmed before this returns, or with
         `warm_later` meanwhile, after (a CSI volume: kubelet is answered once it is bound, and
-        starts no container before it has answered every volume of the pod and made the pod's
-        sandbox). For an existing one, the steps carry
-        AtomicWriter's numbers (pkg/volume/util/atomic_writer.go, `Write`):
+        starts no container before every volume of the pod is set up and its sandbox made).
+        For an existing one, the steps carry AtomicWriter's numbers
+        (pkg/volume/util/atomic_writer.go, `Write`):
         (1) the payload was validated by its builder (`fusevol.projection`);
         (2) the current version is read from the tree (`..data` names it), not from the mount;
         (3) top-level names of the old version that the new one lacks are to be removed;
