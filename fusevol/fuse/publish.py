@@ -11,9 +11,10 @@ No file is ever rewritten. A new volume's first version needs none of this: its 
 appears whole, with no request at all (`_create`).
 
 Warm before visible (docs/fuse.md fact 15): before `..data` names a new version, and before a
-new volume is bound anywhere, the kernel is given all its first reads would ask for: the helper
-lists the version (entries and attributes) and reads its links back (targets), and the files'
-contents go to the page cache (`store_pages`). The first read of any key is then a hot one.
+new volume is bound anywhere (a CSI volume: before kubelet can start a container, `warm_later`),
+the kernel is given all its first reads would ask for: the helper lists the version (entries and
+attributes) and reads its links back (targets), and the files' contents go to the page cache
+(`store_pages`). The first read of any key is then a hot one.
 
 These operations must never run on the trio thread: the trio thread is the one that answers them.
 Only the helpers may perform them (`is_publisher`, checked by `fusevol.fuse.ops`): a helper's
@@ -323,7 +324,8 @@ class Publisher:
 
         Warm before visible: the helper's listing gives the kernel every entry and attribute
         of the version, its reading of the links their targets, and `_store` the files' pages,
-        before `..data` names the version (or, for a new volume, before it is bound anywhere).
+        before `..data` names the version (or, for a new volume, before it is bound anywhere;
+        a CSI volume's meanwhile, `publish`'s `warm_later`).
         The first read of any key then asks the agent nothing, as a hot one. The pages are the
         page cache's, which the kernel may reclaim (as it may not a tmpfs's): at most what
         kubelet's tmpfs copy of the volume holds, once however many pods share the version."""

@@ -95,7 +95,8 @@ def commit(root: str, name: str, missing: list[str], removed: list[str]) -> None
 
 
 def warm(volumes: list[list[Any]]) -> None:
-    """Volumes made whole in memory (`Publisher._create`), before they are bound anywhere, each
+    """Volumes made whole in memory (`Publisher._create`), before they are bound anywhere (a CSI
+    volume's while it is bound: `Publisher.publish`'s `warm_later`), each
     `[root, version name, top-level names, files]`: read `..data` and the top-level links back and
     look the version's files up (`look_up`), so the kernel holds what a first reader would have
     asked for. Best effort, volume by volume: one that fails is left cold. Several volumes are
