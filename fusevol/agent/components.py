@@ -203,7 +203,7 @@ class Components:
                 else None,
                 handing_over=lambda: lifecycle.phase is Phase.HANDING_OVER,
                 node=CsiNode(
-                    state_path=layout.csi_file(root),
+                    records=layout.csi_records(root),
                     kubelet_dir=settings.csi.kubelet_dir,
                     node_name=settings.node_name,
                     store=self.store,

@@ -102,7 +102,7 @@ class CsiNode:
     def __init__(
         self,
         *,
-        state_path: Path,
+        records: Path,
         kubelet_dir: Path,
         node_name: str,
         store: ObjectStore,
@@ -118,10 +118,11 @@ class CsiNode:
         pod_wait_s: float = POD_WAIT_S,
         timeout_s: float = PUBLISH_TIMEOUT_S,
     ) -> None:
-        """`track`: the API source's (`Tracker`); without it, or without `request_tokens`
-        (a deployment that may not mint tokens: `--csi-token-requests false`), tokens come from
-        kubelet only. `source_name` names the source in refusals."""
-        self._state_path = state_path
+        """`records`: the directory of the published volumes' records (`state`). `track`: the
+        API source's (`Tracker`); without it, or without `request_tokens` (a deployment that may
+        not mint tokens: `--csi-token-requests false`), tokens come from kubelet only.
+        `source_name` names the source in refusals."""
+        self._records = records
         self.kubelet_dir = kubelet_dir
         self.node_name = node_name
         self._store = store
@@ -148,10 +149,6 @@ class CsiNode:
         self.restored: list[MountedVolume] = []
         """The targets `restore` found still mounted (a predecessor's binds): set up again."""
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
-        self._saving = trio.Lock()
-        self._changes = 0
-        """Changes of the published set so far; `_saved` of them are on disk."""
-        self._saved = 0
 
     # -- the CSI calls -----------------------------------------------------------------------------
 
@@ -228,7 +225,7 @@ class CsiNode:
         self._kick()
         if known is None:
             self._published[volume_id] = publication
-            await self._save()  # while the reconciler sets the volume up
+            await self._write(publication)  # while the reconciler sets the volume up
         try:
             await self._waiter.wait_served(name)  # (5)
         except CsiError as exc:
@@ -256,7 +253,7 @@ class CsiNode:
 
     async def restore(self) -> int:
         """Serve the recorded targets again (after a restart); returns how many."""
-        records = await trio.to_thread.run_sync(state.load, self._state_path)
+        records = await trio.to_thread.run_sync(state.load, self._records)
         restored: list[Publication] = []
         for record in records:
             try:
@@ -304,7 +301,8 @@ class CsiNode:
             self._desired.set_csi(_csi_volume(name, publication, pod))
             self._published[publication.volume_id] = publication
         self._kick()
-        await self._save()
+        records = [_record(p) for p in self._published.values()]
+        await trio.to_thread.run_sync(state.save_all, self._records, records)
         log.info("csi volumes restored count=%d", len(self._published))
         return len(self._published)
 
@@ -349,21 +347,12 @@ class CsiNode:
         pod = bare_pod(publication.pod)
         delete_tokens(self._store, publication, pod)
         await self._track(name, pod, None)
-        await self._save()
+        await trio.to_thread.run_sync(state.remove, self._records, publication.volume_id)
 
-    async def _save(self) -> None:
-        """Record the published set. One write at a time, each of the set as it is when the write
-        starts: calls made at once (kubelet publishes on several gRPC threads) end with the newest
-        set on disk, and a call whose change a later write already holds writes nothing."""
-        self._changes += 1
-        change = self._changes
-        async with self._saving:
-            if self._saved >= change:
-                return
-            newest = self._changes
-            records = [_record(p) for p in self._published.values()]
-            await trio.to_thread.run_sync(state.save, self._state_path, records)
-            self._saved = newest
+    async def _write(self, publication: Publication) -> None:
+        """Record a published volume: its own file (`state`), so that the publishes kubelet
+        makes at once write side by side. The volume's lock orders its writes and removals."""
+        await trio.to_thread.run_sync(state.save, self._records, _record(publication))
 
 
 def _unique_name(volume_id: str) -> UniqueVolumeName:

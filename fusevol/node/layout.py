@@ -14,7 +14,7 @@
     <root>/fusevol/status.json                            what `fusevol status` reads
     <root>/fusevol/provisioned.json                       local PVs provisioned by this node
     <root>/fusevol/seen.json                              when each pod was first seen
-    <root>/fusevol/csi.json                               CSI targets published by kubelet
+    <root>/fusevol/csi/<volume id>.json                   a CSI target kubelet published
     <root>/fusevol/hostpath/<pv name>                     their directories (default basePath)
 
 Modes: `<root>` (made if missing), `pods/` and everything below it that the agent makes are
@@ -205,9 +205,10 @@ def first_seen_file(root: Path) -> Path:
     return agent_dir(root) / "seen.json"
 
 
-def csi_file(root: Path) -> Path:
-    """The CSI targets kubelet published (`fusevol.csi.state`): served again after a restart."""
-    return agent_dir(root) / "csi.json"
+def csi_records(root: Path) -> Path:
+    """The CSI targets kubelet published, a file each (`fusevol.csi.state`): served again after
+    a restart."""
+    return agent_dir(root) / "csi"
 
 
 def default_provisioning_base(root: Path) -> Path:

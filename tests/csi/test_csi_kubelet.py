@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import signal
 import subprocess
 import threading
@@ -65,6 +66,11 @@ def snapshot(path: Path, *, without: str = "") -> dict[str, Any]:
     return {k: v for k, v in entries.items() if not without or without not in k}
 
 
+def recorded(root: Path) -> list[dict[str, Any]]:
+    """The agent's records of its published targets, a file each (`fusevol.csi.state`)."""
+    return [json.loads(p.read_text()) for p in sorted((root / "fusevol" / "csi").glob("*.json"))]
+
+
 def read(path: Path) -> str | None:
     try:
         return path.read_text()
@@ -119,10 +125,10 @@ def test_kubelet_publishes_configmap_secret_and_projected_volumes(
         assert kubelet.calls[:3] == ["GetPluginInfo", "NodeGetInfo", "Probe"]
         assert kubelet.calls[3:6] == ["NodeGetCapabilities"] * 2 + ["NodePublishVolume"]
         # Nothing secret in the agent's record of its targets.
-        record = (agent.root / "fusevol" / "csi.json").read_text()
-        assert "token-1" not in record
-        assert "hunter2" not in record
-        assert len(json.loads(record)["published"]) == 3
+        records = recorded(agent.root)
+        assert "token-1" not in json.dumps(records)
+        assert "hunter2" not in json.dumps(records)
+        assert len(records) == 3
 
         # An edit reaches the target as fast as a pod-spec volume.
         started = time.monotonic()
@@ -145,7 +151,7 @@ def test_kubelet_publishes_configmap_secret_and_projected_volumes(
         assert not (
             kubelet_dir / "pods" / UID / "volumes" / "kubernetes.io~csi" / "config"
         ).exists()
-        assert json.loads((agent.root / "fusevol" / "csi.json").read_text())["published"] == []
+        assert recorded(agent.root) == []
         kubelet.unpublish(web, "config")  # again: OK, nothing to do
 
 
@@ -213,12 +219,15 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
         wait_for(lambda: agent.volume_status(UID, "config") == {})
 
 
+@pytest.mark.parametrize("layout", ["a file each", "one file of an earlier agent"])
 def test_a_restart_serves_every_published_target_again(
-    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, layout: str
 ) -> None:
     """kill -9 and a start: every recorded target is served again, its content unchanged,
-    without kubelet's help. A token kubelet did not pass (its audience is not in the CSIDriver's
-    tokenRequests) is requested by TokenRequest, as for a pod-spec volume: before and after."""
+    without kubelet's help, from the records of this agent or from the one file an earlier
+    agent kept them in (moved into a file each). A token kubelet did not pass (its audience is
+    not in the CSIDriver's tokenRequests) is requested by TokenRequest, as for a pod-spec
+    volume: before and after."""
     api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
     api.create(secret("creds", {"password": "hunter2"}))
     web = pod(
@@ -237,8 +246,15 @@ def test_a_restart_serves_every_published_target_again(
         assert claims["kubernetes.io"]["pod"] == {"name": "web", "uid": UID}
         before = {name: snapshot(path, without="token") for name, path in targets.items()}
         agent.kill()  # kill -9
+        records = recorded(agent.root)
+        if layout == "one file of an earlier agent":
+            shutil.rmtree(agent.root / "fusevol" / "csi")
+            legacy = agent.root / "fusevol" / "csi.json"
+            legacy.write_text(json.dumps({"published": records}))
         agent.start()
         started = time.monotonic()
+        assert recorded(agent.root) == records
+        assert not (agent.root / "fusevol" / "csi.json").exists()
 
         # (The kernel may still answer a read of the dead bind from its page cache: only a
         # whole snapshot, every directory listed, shows the fresh bind.)
@@ -305,7 +321,7 @@ def test_concurrent_publishes_and_unpublishes_all_succeed_and_the_record_ends_ex
     api: ApiServer, csi_agent: Callable[..., Any]
 ) -> None:
     """kubelet publishes and unpublishes on several gRPC threads at once: every call succeeds,
-    and `csi.json` ends as the published set, after 50 publishes at once and after 50 mixed
+    and the records end as the published set, after 50 publishes at once and after 50 mixed
     calls (25 unpublishes of those, 25 publishes of new volumes) at once."""
     api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
     pods = [
@@ -320,11 +336,9 @@ def test_concurrent_publishes_and_unpublishes_all_succeed_and_the_record_ends_ex
     second = [(p, f"v{j}") for p in pods[10:] for j in range(5)]
 
     with csi_agent() as (agent, kubelet), ThreadPoolExecutor(max_workers=50) as threads:
-        record = agent.root / "fusevol" / "csi.json"
 
         def published() -> set[tuple[str, str]]:
-            entries = json.loads(record.read_text())["published"]
-            return {(e["volumeId"], e["targetPath"]) for e in entries}
+            return {(e["volumeId"], e["targetPath"]) for e in recorded(agent.root)}
 
         def expected(volumes: list[tuple[Obj, str]]) -> set[tuple[str, str]]:
             return {
@@ -343,7 +357,7 @@ def test_concurrent_publishes_and_unpublishes_all_succeed_and_the_record_ends_ex
         for call in calls:
             call.result()  # raises the call's RpcError, if any
         assert published() == expected(kept + second)
-        assert sorted(record.parent.glob(".csi.json*")) == []  # no temporary file left
+        assert sorted((agent.root / "fusevol" / "csi").glob(".*")) == []  # no temporary left
 
 
 def test_the_agent_registers_the_driver_with_kubelets_plugin_watcher(
@@ -429,8 +443,7 @@ def test_publishes_during_a_rollout_succeed_at_the_first_call(
                 during = len([at for at in calls if started <= at <= ready])
                 assert "-> transferring" in first.log_text()
                 forwarded = first.log_text().count("csi call forwarded to the next agent")
-                record = json.loads((second.root / "fusevol" / "csi.json").read_text())
-                published = {e["volumeId"] for e in record["published"]}
+                published = {e["volumeId"] for e in recorded(second.root)}
                 done = {volume_handle(p["metadata"]["uid"], "config") for p in pods[: len(calls)]}
                 assert published == done
                 for each in pods[: len(calls)]:
