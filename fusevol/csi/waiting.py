@@ -4,8 +4,9 @@ A publish (step 5 of `node`) waits until the volume is set up with its current i
 an operation of it failed with those inputs while it waited (or failed before and waits for its
 retry): that error is FAILED_PRECONDITION. An unpublish waits until the volume is gone from the
 actual state, or its unmount failed. Either gives up after its timeout with DEADLINE_EXCEEDED
-("still trying": the reconciler goes on). Between two looks it sleeps until an operation ends or
-the actual or desired state changes.
+("still trying": the reconciler goes on). Between two looks it sleeps until an operation of its
+volume ends, or the actual or desired state of its volume changes (`Subscribers`: what happens to
+the other volumes of a burst never wakes it).
 
 Excludes: what is asked of the reconciler (`node`), the reconciler itself
 (`fusevol.volumemanager.reconciler`).
@@ -21,8 +22,6 @@ from fusevol.csi.attributes import Code, CsiError
 from fusevol.volumemanager.cache.actual import MountState
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
-
     from fusevol.model import UniqueVolumeName
     from fusevol.volumemanager.cache.actual import ActualState
     from fusevol.volumemanager.cache.desired import DesiredState
@@ -54,7 +53,6 @@ class Waiter:
         failures, ended = (status.failures, status.ended) if status is not None else (0, 0)
         with trio.move_on_after(self._timeout_s):
             while True:
-                since = self._executor.finished, self._actual.generation, self._desired.generation
                 volume = self._desired.get(name)
                 if volume is not None and not self._executor.is_pending(name):
                     inputs = self._volumes.inputs(volume)
@@ -77,7 +75,7 @@ class Waiter:
                         )
                     ):
                         raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await self._changed(*since)
+                await self._changed(name)
         raise CsiError(
             Code.DEADLINE_EXCEEDED, f"volume not set up within {self._timeout_s:g}s, still trying"
         )
@@ -86,7 +84,6 @@ class Waiter:
         """Until the volume is gone from the actual state; its error if its unmount failed."""
         with trio.move_on_after(self._timeout_s):
             while True:
-                since = self._executor.finished, self._actual.generation, self._desired.generation
                 pending = self._executor.is_pending(name)
                 if not pending and self._actual.get(name) is None:
                     return
@@ -98,22 +95,23 @@ class Waiter:
                     and status.last_error
                 ):
                     raise CsiError(Code.FAILED_PRECONDITION, status.last_error)
-                await self._changed(*since)
+                await self._changed(name)
         raise CsiError(
             Code.DEADLINE_EXCEEDED,
             f"volume not torn down within {self._timeout_s:g}s, still trying",
         )
 
-    async def _changed(self, finished: int, actual: int, desired: int) -> None:
-        """Until, after these readings, an operation ends, the actual state changes (a volume of
-        a shared subtree is marked refreshed without an operation of its own) or the desired
-        state does (the populator resolved a volume, with nothing to do for it)."""
-        async with trio.open_nursery() as nursery:
-
-            async def until(wait: Callable[[int], Awaitable[None]], since: int) -> None:
-                await wait(since)
-                nursery.cancel_scope.cancel()
-
-            nursery.start_soon(until, self._executor.wait_finished, finished)
-            nursery.start_soon(until, self._actual.wait_changed, actual)
-            nursery.start_soon(until, self._desired.wait_changed, desired)
+    async def _changed(self, name: UniqueVolumeName) -> None:
+        """Until an operation of volume `name` ends, its actual state changes (a volume of a
+        shared subtree is marked refreshed without an operation of its own) or its desired state
+        does (the populator resolved it, with nothing to do for it). Called right after a look,
+        with no checkpoint in between: no change is missed."""
+        changed = trio.Event()
+        sources = (self._executor.subscribers, self._actual.subscribers, self._desired.subscribers)
+        for subscribers in sources:
+            subscribers.add(name, changed)
+        try:
+            await changed.wait()
+        finally:
+            for subscribers in sources:
+                subscribers.discard(name, changed)

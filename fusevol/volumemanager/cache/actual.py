@@ -12,7 +12,7 @@ import enum
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.volumemanager.cache.changes import Changes
+from fusevol.volumemanager.cache.changes import Changes, Subscribers
 
 if TYPE_CHECKING:
     from collections.abc import Hashable, Iterable
@@ -60,12 +60,12 @@ class ActualState:
         self._forget(volume.name)
         self._volumes[volume.name] = volume
         self._by_pod[volume.pod_uid] = self._by_pod.get(volume.pod_uid, 0) + 1
-        self._changes.bump()
+        self._changes.bump(volume.name)
 
     def mark_unmounted(self, name: UniqueVolumeName) -> None:
         """No-op if the volume is not mounted."""
         if self._forget(name):
-            self._changes.bump()
+            self._changes.bump(name)
 
     def _forget(self, name: UniqueVolumeName) -> bool:
         volume = self._volumes.pop(name, None)
@@ -84,6 +84,11 @@ class ActualState:
     async def wait_changed(self, since: int) -> None:
         """Return as soon as `generation` differs from `since`."""
         await self._changes.wait_changed(since)
+
+    @property
+    def subscribers(self) -> Subscribers:
+        """Events set when the volume they were added under changes."""
+        return self._changes.subscribers
 
     def uncertain(self, names: Iterable[UniqueVolumeName] | None = None) -> int:
         """How many of `names` (of every volume, if None) are UNCERTAIN: found on the node, not

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.volumemanager.cache.changes import Changes
+from fusevol.volumemanager.cache.changes import Changes, Subscribers
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -90,6 +90,11 @@ class DesiredState:
         """Return as soon as `generation` differs from `since`."""
         await self._changes.wait_changed(since)
 
+    @property
+    def subscribers(self) -> Subscribers:
+        """Events set when the volume they were added under changes."""
+        return self._changes.subscribers
+
     def set_pod(self, pod: Pod, volumes: tuple[VolumeToServe, ...]) -> bool:
         """Add `pod` wanting `volumes`, or replace it. Returns False if nothing changed."""
         if self._pods.get(pod.uid) == pod and self._by_pod.get(pod.uid) == volumes:
@@ -99,37 +104,38 @@ class DesiredState:
         self._by_pod[pod.uid] = volumes
         for volume in volumes:
             self._volumes[volume.name] = volume
-        self._changes.bump()
+        self._changes.bump(*(volume.name for volume in volumes))
         return True
 
     def delete_pod(self, uid: PodUID) -> bool:
         """Forget the pod and its volumes. No-op (False) if it is not known."""
         if self._pods.pop(uid, None) is None:
             return False
-        for volume in self._by_pod.pop(uid, ()):
+        gone = self._by_pod.pop(uid, ())
+        for volume in gone:
             # two of a pod's volumes on one claim are one volume (its PersistentVolume's name)
             self._volumes.pop(volume.name, None)
-        self._changes.bump()
+        self._changes.bump(*(volume.name for volume in gone))
         return True
 
     def set_csi(self, volume: CsiVolume) -> None:
         """Add or replace a CSI volume; the populator's next pass resolves it (`set_resolved`)."""
         self._csi[volume.name] = volume
         self._csi_resolved.pop(volume.name, None)
-        self._changes.bump()
+        self._changes.bump(volume.name)
 
     def set_resolved(self, name: UniqueVolumeName, resolved: VolumeToServe) -> None:
         """What CSI volume `name` is to serve now (the populator). No-op if it is gone."""
         if name in self._csi and self._csi_resolved.get(name) != resolved:
             self._csi_resolved[name] = resolved
-            self._changes.bump()
+            self._changes.bump(name)
 
     def delete_csi(self, name: UniqueVolumeName) -> bool:
         """Forget a CSI volume. No-op (False) if it is not known."""
         self._csi_resolved.pop(name, None)
         if self._csi.pop(name, None) is None:
             return False
-        self._changes.bump()
+        self._changes.bump(name)
         return True
 
     def csi_volumes(self) -> tuple[CsiVolume, ...]:

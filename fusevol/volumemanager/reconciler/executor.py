@@ -36,6 +36,7 @@ from fusevol.base.errors import (
     InBackoff,
     is_expected,
 )
+from fusevol.volumemanager.cache.changes import Subscribers
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Hashable
@@ -100,6 +101,8 @@ class Executor:
         self._max_backoff_s = max_backoff_s
         self._finished = 0
         self._finished_event = trio.Event()
+        self.subscribers = Subscribers()
+        """Events set when an operation of the volume they were added under ends."""
         self._status: dict[UniqueVolumeName, VolumeOperationStatus] = {}
         self._nursery: trio.Nursery | None = None
         self._started = 0
@@ -225,6 +228,7 @@ class Executor:
             self._finished += 1
             self._finished_event.set()
             self._finished_event = trio.Event()
+            self.subscribers.notify((name,))
             if served:
                 self._served_running -= 1
                 stopping = trio.current_effective_deadline() == -math.inf  # cancelled
