@@ -35,6 +35,9 @@ ALIASES = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
         pytest.param(
             '{"configMap": ' * 100 + '{"name": "a"}' + "}" * 100, "nested more than 32", id="json"
         ),
+        pytest.param(
+            "[" * 50_000 + "]" * 50_000, "maximum nesting depth", id="json-past-the-decoders-limit"
+        ),
         pytest.param("configMap: {name: a}\n" + ALIASES, "YAML alias", id="billion-laughs"),
         pytest.param("configMap: !!timestamp x", "cannot be constructed", id="bad-tag"),
         pytest.param("configMap: {name: " + "a" * MAX_VOLUME_BYTES + "}", "too long", id="size"),
