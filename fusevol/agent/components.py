@@ -212,6 +212,7 @@ class Components:
                     executor=self.executor,
                     volumes=self.volumes,
                     kick=self.reconciler.kick,
+                    set_up_now=self.reconciler.set_up_now,
                     is_mount_point=self.backend.is_mount_point,
                     track=built.csi_track,
                     source_name=built.name,

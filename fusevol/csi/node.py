@@ -15,8 +15,9 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        the pod's when the source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED
        with the server's message (it names the object and the user), and kubelet's next retry
        asks again;
-    4. adds the `CsiVolume` to the desired state, kicks the reconciler, and records the volume
-       (`state`) while it is set up;
+    4. adds the `CsiVolume` to the desired state, has the reconciler start its set-up at once
+       (`Reconciler.set_up_now`: no pass over every volume), and records the volume (`state`)
+       while it is set up;
     5. waits until the volume is set up with its current inputs (`waiting`: or its operation
        failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
@@ -111,6 +112,7 @@ class CsiNode:
         executor: Executor,
         volumes: Volumes,
         kick: Callable[[], None],
+        set_up_now: Callable[[UniqueVolumeName], None],
         is_mount_point: Callable[[Path], bool],
         track: Tracker | None = None,
         source_name: str = "source",
@@ -132,6 +134,7 @@ class CsiNode:
             desired=desired, actual=actual, executor=executor, volumes=volumes, timeout_s=timeout_s
         )
         self._kick = kick
+        self._set_up_now = set_up_now
         self._is_mount_point = is_mount_point
         self._track: Tracker = track or _track_nothing
         self._can_request_tokens = track is not None and request_tokens
@@ -143,6 +146,8 @@ class CsiNode:
         )
         self._pod_wait_s = pod_wait_s
         self._published: dict[str, Publication] = {}
+        self._targets: dict[Path, str] = {}
+        """target -> the volume id published there (`_published`'s, by target)."""
         self._failing: dict[str, tuple[Publication, int]] = {}
         """volume id -> the last failed publish of a volume the desired state does not hold, and
         how many failed in a row."""
@@ -195,12 +200,11 @@ class CsiNode:
                 f"volume {volume_id} is published at {known.target} with other attributes or "
                 "another target: unpublish it first",
             )
-        for other in self._published.values():
-            if other.target == publication.target and other.volume_id != volume_id:
-                raise CsiError(
-                    Code.ALREADY_EXISTS,
-                    f"target {publication.target} is published for volume {other.volume_id}",
-                )
+        other = self._targets.get(publication.target, volume_id)
+        if other != volume_id:
+            raise CsiError(
+                Code.ALREADY_EXISTS, f"target {publication.target} is published for volume {other}"
+            )
         request_tokens = requests_tokens(
             publication, can_request=self._can_request_tokens, no_tokens=self._no_tokens
         )
@@ -222,9 +226,9 @@ class CsiNode:
         if not request_tokens:
             put_tokens(self._store, publication, pod)  # (3)
         self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
-        self._kick()
+        self._set_up_now(name)
         if known is None:
-            self._published[volume_id] = publication
+            self._add(publication)
             await self._write(publication)  # while the reconciler sets the volume up
         try:
             await self._waiter.wait_served(name)  # (5)
@@ -232,7 +236,7 @@ class CsiNode:
             if known is None and exc.code is not Code.DEADLINE_EXCEEDED:
                 await self._forget(publication)
             raise
-        self._published[volume_id] = publication
+        self._add(publication)
         return pod
 
     async def unpublish(self, *, volume_id: str, target_path: str) -> None:
@@ -299,7 +303,7 @@ class CsiNode:
                 self._actual.mark_mounted(found)
                 self.restored.append(found)
             self._desired.set_csi(_csi_volume(name, publication, pod))
-            self._published[publication.volume_id] = publication
+            self._add(publication)
         self._kick()
         records = [_record(p) for p in self._published.values()]
         await trio.to_thread.run_sync(state.save_all, self._records, records)
@@ -343,11 +347,19 @@ class CsiNode:
     async def _forget(self, publication: Publication) -> None:
         name = _unique_name(publication.volume_id)
         self._desired.delete_csi(name)
-        self._published.pop(publication.volume_id, None)
+        gone = self._published.pop(publication.volume_id, None)
+        if gone is not None and self._targets.get(gone.target) == gone.volume_id:
+            del self._targets[gone.target]
         pod = bare_pod(publication.pod)
         delete_tokens(self._store, publication, pod)
         await self._track(name, pod, None)
         await trio.to_thread.run_sync(state.remove, self._records, publication.volume_id)
+
+    def _add(self, publication: Publication) -> None:
+        """Publish (or publish again): a target has one volume, a volume one target (`_publish`
+        refuses a publish that would change either)."""
+        self._published[publication.volume_id] = publication
+        self._targets[publication.target] = publication.volume_id
 
     async def _write(self, publication: Publication) -> None:
         """Record a published volume: its own file (`state`), so that the publishes kubelet

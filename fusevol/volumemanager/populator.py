@@ -219,6 +219,20 @@ class Populator:
         if synced:
             self._has_added_pods = True
 
+    def resolve_csi_now(self, name: UniqueVolumeName) -> VolumeToServe | None:
+        """Resolve one CSI volume now, as the next pass would (a publish, which kubelet waits
+        for); None if the desired state does not hold it."""
+        csi = self._desired.csi(name)
+        if csi is None:
+            return None
+        stored = self._store.get(csi.pod.key, Pod)
+        resolved = self.resolve_csi(csi, stored)
+        if self._annotations is not None:
+            self._annotations.first_seen.save()  # before any volume shows a new time
+        self._desired.set_resolved(name, resolved)
+        self._csi_resolved[name] = (csi, stored)
+        return resolved
+
     def _accept(self, pod: Pod) -> Pod:
         if self._annotations is None:
             return pod

@@ -19,6 +19,7 @@ requesting tokens (`tokens`).
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 from typing import TYPE_CHECKING
@@ -49,6 +50,9 @@ class CsiVolumes:
         """An object read as a pod -> the token of the latest pod allowed to read it."""
         self._extra: dict[str, set[ObjectKey]] = {}
         """What CSI volumes reference (`track`), by volume."""
+        self._referenced: collections.Counter[ObjectKey] = collections.Counter()
+        """How many of `_extra`'s volumes reference each object: `referenced()` at every
+        publish, without a walk over every CSI volume of the node."""
         self._token_pods: dict[str, Pod] = {}
         """A pod with just its CSI volume, for each CSI volume whose tokens are requested here."""
 
@@ -77,10 +81,13 @@ class CsiVolumes:
         self._pod_tokens = {
             key: token for key, token in self._pod_tokens.items() if self._read_by_pod(key)
         }
+        for key in self._extra.pop(owner, ()):
+            self._referenced[key] -= 1
+            if not self._referenced[key]:
+                del self._referenced[key]
         if keys:
             self._extra[owner] = keys
-        else:
-            self._extra.pop(owner, None)
+            self._referenced.update(keys)
         if tokens and volume is not None:
             self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
         else:
@@ -89,8 +96,7 @@ class CsiVolumes:
 
     def referenced(self) -> set[ObjectKey]:
         """What the CSI volumes reference, all of them."""
-        keys: set[ObjectKey] = set()
-        return keys.union(*self._extra.values())
+        return set(self._referenced)
 
     def token_pods(self) -> list[Pod]:
         """A pod with just its CSI volume for each CSI volume whose tokens are requested here."""

@@ -141,6 +141,10 @@ class DesiredState:
     def csi_volumes(self) -> tuple[CsiVolume, ...]:
         return tuple(self._csi.values())
 
+    def csi(self, name: UniqueVolumeName) -> CsiVolume | None:
+        """The CSI volume `name` as published (resolved or not)."""
+        return self._csi.get(name)
+
     def pods(self) -> tuple[Pod, ...]:
         return tuple(self._pods.values())
 

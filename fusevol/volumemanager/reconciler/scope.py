@@ -57,6 +57,20 @@ class PassScope:
         self._references_of: dict[UniqueVolumeName, tuple[ObjectKey, ...]] = {}
         """Each desired volume of the last full pass -> the objects it is built from."""
 
+    def index(self, volume: VolumeToServe) -> None:
+        """What one new volume is built from, as a full pass would index it (a CSI volume set
+        up ahead of any pass, `Reconciler.set_up_now`): the passes that follow its operation's
+        end need not be full ones for it."""
+        try:
+            keys = self._objects(volume)
+        except Exception:  # its operation says why; full passes follow (`candidates`)
+            return
+        for key in self._references_of.get(volume.name, ()):
+            self._referencing.discard(key, volume.name)
+        self._references_of[volume.name] = keys
+        for key in keys:
+            self._referencing.add(key, volume.name)
+
     def want_full(self) -> None:
         """Make the next pass a full one."""
         self._full_wanted = True
