@@ -147,10 +147,26 @@ def test_an_object_its_pod_does_not_name_is_refused_to_the_node(
         ],
     )
     api.create(kept)
+    # Read as the pod comes, before kubelet publishes (as kubelet registers a pod's objects).
+    wait_for(lambda: ("secrets", "default", "metadata.name=creds") in api.open_watches())
     assert (kubelet.publish(kept, "creds") / "password").read_text() == "s3cret"
 
     bare = pod("bare", volumes=[csi_volume("loose", secret="loose")])
     api.create(bare)
+    # Not before its publish: the node may not read what its pod names nowhere. (The next
+    # pod's objects are read once the agent has seen both.)
+    api.create(secret("later", {"k": "v"}))
+    later = pod(
+        "later",
+        "dddddddd-0000-4000-8000-0000000000b2",
+        volumes=[
+            csi_volume("later", secret="later"),
+            {"name": "fusevol-ref-later", "secret": {"secretName": "later"}},
+        ],
+    )
+    api.create(later)
+    wait_for(lambda: ("secrets", "default", "metadata.name=later") in api.open_watches())
+    assert not [r for r in api.requests if "loose" in r.query.get("fieldSelector", "")]
     agent.expect_log(
         "read refused query=secrets namespace=default fieldSelector=metadata.name=loose"
     )

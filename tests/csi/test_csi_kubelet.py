@@ -178,6 +178,67 @@ def test_a_publish_is_answered_once_bound_and_warm_before_a_container_could_read
         assert requests_during_first_reads(agent, files) == {}
 
 
+def test_what_a_pods_volumes_reference_is_watched_from_its_arrival_before_any_publish(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """kubelet registers a pod's ConfigMaps and Secrets when it admits the pod, ~100 ms before
+    it mounts anything: the agent watches what a pod's fusevol.io volumes reference from the
+    moment it sees the pod, so that a publish finds them read (no list of its own), and stops
+    once the pod and its volumes are gone."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    api.create(secret("creds", {"password": "hunter2"}))
+    projected = {"projected": {"sources": [{"secret": {"name": "creds"}}]}}
+    web = pod(
+        volumes=[
+            csi_volume("config", configMap="app"),
+            csi_volume("all", volume=json.dumps(projected)),
+            csi_volume("broken", volume="{"),  # refused at its publish, and nothing else
+            {"name": "other", "csi": {"driver": "other.example.com", "volumeAttributes": {}}},
+        ]
+    )
+
+    def watched() -> set[tuple[str, str]]:
+        return {(r, f) for r, _, f in api.open_watches() if r in ("configmaps", "secrets")}
+
+    with csi_agent() as (_, kubelet):
+        assert watched() == set()
+        api.create(web)
+        expected = {("configmaps", "metadata.name=app"), ("secrets", "metadata.name=creds")}
+        wait_for(lambda: watched() == expected)
+        lists = api.count("GET", "configmaps", watch=False) + api.count("GET", "secrets")
+        assert (kubelet.publish(web, "config") / "a").read_text() == "1"
+        assert (kubelet.publish(web, "all") / "password").read_text() == "hunter2"
+        assert api.count("GET", "configmaps", watch=False) + api.count("GET", "secrets") == lists
+        for name in ("config", "all"):
+            kubelet.unpublish(web, name)
+        assert watched() == expected  # the pod is still there
+        api.delete("Pod", "default", "web")
+        wait_for(lambda: watched() == set())
+
+
+def test_an_object_refused_when_its_pod_came_is_read_afresh_by_the_publish(
+    api: ApiServer, csi_agent: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Read when its pod came, an object may be refused (the Node authorizer may not know the
+    pod yet, a Role may come later): the publish reads it afresh at once, instead of answering
+    with a refusal its reflector holds until its backoff ends."""
+    user = "system:serviceaccount:fusevol:limited"
+    api.users["agent-token"] = (user, ["system:serviceaccounts"])
+    for verb in ("list", "watch"):
+        for resource in ("pods", "persistentvolumeclaims", "persistentvolumes", "storageclasses"):
+            api.allow(user, verb, resource)
+    kubeconfig = api.write_kubeconfig(tmp_path / "agent.conf", token="agent-token")
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("config", configMap="app")])
+    with csi_agent(kubeconfig=kubeconfig) as (agent, kubelet):
+        agent.expect_log("read refused query=configmaps")
+        api.create(web)
+        wait_for(lambda: "read refused query=configmaps" in agent.log_text())
+        for verb in ("get", "list", "watch"):
+            api.allow(user, verb, "configmaps", name="app", namespace="default")
+        assert (kubelet.publish(web, "config") / "a").read_text() == "1"
+
+
 def test_a_missing_object_fails_then_appears_on_kubelets_retry(
     api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
 ) -> None:

@@ -81,6 +81,20 @@ class CsiVolumes:
         self._pod_tokens = {
             key: token for key, token in self._pod_tokens.items() if self._read_by_pod(key)
         }
+        self.expect(owner, keys)
+        if tokens and volume is not None:
+            self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
+        else:
+            self._token_pods.pop(owner, None)
+        return ""
+
+    @property
+    def read_as_pod(self) -> bool:
+        return self._read_as_pod
+
+    def expect(self, owner: str, keys: set[ObjectKey]) -> None:
+        """`owner` references `keys` from now on (none: no more): a CSI volume (`track`), or a
+        pod of this node whose CSI volumes kubelet will publish (`KubeSource`)."""
         for key in self._extra.pop(owner, ()):
             self._referenced[key] -= 1
             if not self._referenced[key]:
@@ -88,11 +102,6 @@ class CsiVolumes:
         if keys:
             self._extra[owner] = keys
             self._referenced.update(keys)
-        if tokens and volume is not None:
-            self._token_pods[owner] = dataclasses.replace(pod, volumes=(volume,))
-        else:
-            self._token_pods.pop(owner, None)
-        return ""
 
     def referenced(self) -> set[ObjectKey]:
         """What the CSI volumes reference, all of them."""

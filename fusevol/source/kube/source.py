@@ -27,7 +27,15 @@ Who the agent is decides what it asks for (`identity`, at the start): as a node,
 authorizer never allows a node is switched off, with one line, and claims and PersistentVolumes
 are read by GET only. With `pod_volumes` False (CSI: kubelet serves the pods' own volumes) only
 what CSI volumes reference is tracked (`track`, `csi_volumes`, which also reads them as their pod
-with `read_as_pod`), and no token is requested for the pods' own projections.
+with `read_as_pod`), and no token is requested for the pods' own projections. What the
+`fusevol.io` volumes of a pod of this node reference is tracked from the moment the pod is
+seen, before kubelet publishes them (`_expect_csi`): kubelet registers a pod's ConfigMaps and
+Secrets with its managers when it admits the pod, ~100 ms before its volume manager mounts
+anything, and a publish that had to start the watches waited for their first list (4-6 ms of a
+pod's volume step on the cluster kit). As a node, only what the pod names in its own volumes
+too (the webhook's conversion keeps the originals): what the Node authorizer lets the node read.
+Not when reading as the pod: only a publish brings the pod's token. An object refused before a
+publish (the pod came before the Node authorizer knew it) is read afresh by the publish, once.
 
 Pods are converted by the manifest source's converter (`fusevol.decode.objects.convert_object`),
 so API objects and manifests follow the same defaulting and validation. A pod that does not
@@ -50,6 +58,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.settings import ChangeDetection
+from fusevol.csi.attributes import DRIVER, CsiError, PodIdentity, read_source
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.query import Callbacks, Query
@@ -128,6 +137,9 @@ class KubeSource:
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
+        self._expected: dict[ObjectKey, str] = {}
+        """The pods whose CSI volumes' references are tracked ahead of their publishes
+        (`_expect_csi`), with the uid they were read from."""
         self._objects: ObjectTracker | None = None
         self._pod_reflector: Reflector | None = None
 
@@ -236,6 +248,7 @@ class KubeSource:
             pod = convert(raw, origin=self._origin)
             if isinstance(pod, Pod):
                 listed[pod.key] = pod
+                self._expect_csi(pod, raw)
             else:
                 kept.add(_key_of(raw))
         items.clear()  # freed now, not after the delivery's wait for thousands of objects
@@ -245,7 +258,39 @@ class KubeSource:
         if kind == "DELETED":
             await self._deliver([], removed={_key_of(raw)})
         elif isinstance(pod := convert(raw, origin=self._origin), Pod):
+            self._expect_csi(pod, raw)
             await self._deliver([pod], removed=set())
+
+    def _expect_csi(self, pod: Pod, raw: Obj) -> None:
+        """Track what the pod's `fusevol.io` volumes reference, as kubelet will publish them
+        (module docstring). Once per pod (a pod's volumes never change); a volume whose
+        attributes do not read is left to its publish, which refuses it with the reason."""
+        if self._pod_volumes or self._csi.read_as_pod or self._expected.get(pod.key) == pod.uid:
+            return
+        self._expected[pod.key] = pod.uid
+        keys: set[ObjectKey] = set()
+        spec = raw.get("spec")
+        volumes = spec.get("volumes") if isinstance(spec, dict) else None
+        identity = PodIdentity(pod.namespace, pod.name, pod.uid, pod.service_account_name)
+        for entry in volumes if isinstance(volumes, list) else ():
+            csi = entry.get("csi") if isinstance(entry, dict) else None
+            if not isinstance(csi, dict) or csi.get("driver") != DRIVER:
+                continue
+            attributes = csi.get("volumeAttributes")
+            if not isinstance(attributes, dict):
+                continue
+            try:
+                source = read_source(
+                    {str(k): str(v) for k, v in attributes.items()},
+                    identity,
+                    str(entry.get("name", "")),
+                )
+            except CsiError:
+                continue
+            keys |= self._volume_references(pod, source)
+        if self.node_identity is not None:  # what the Node authorizer lets this node read
+            keys &= self._references([pod])
+        self._csi.expect(_expecting(pod.key), keys)
 
     async def _deliver(self, pods: list[Pod], *, removed: set[ObjectKey]) -> None:
         """Steps 2-3 for `pods` (added or updated) and the pods at `removed` (gone)."""
@@ -255,6 +300,8 @@ class KubeSource:
         for key in removed:
             if self._pods.pop(key, None) is not None:
                 self._store.delete(key)
+            if self._expected.pop(key, None) is not None:
+                self._csi.expect(_expecting(key), set())
         self._pods.update(keyed)
         # (2) The claims first: the volumes they are bound to are known once they are read.
         ensured: set[ObjectKey] = set()
@@ -297,10 +344,26 @@ class KubeSource:
             self._objects.set_wanted(self._wanted())
             if keys:
                 await self._objects.ensure(keys, timeout_s=REFERENCE_TIMEOUT_S)
-                refusal = next(filter(None, map(self._objects.refusal, sorted(keys, key=str))), "")
+                refusal = self._refusal(keys)
+                if refusal and (unread := {k for k in keys if self._refused_unread(k)}):
+                    # Refused before this publish (read when the pod came, maybe before the
+                    # Node authorizer knew it): read afresh once, now.
+                    self._objects.set_wanted(self._wanted() - unread)
+                    self._objects.set_wanted(self._wanted())
+                    await self._objects.ensure(unread, timeout_s=REFERENCE_TIMEOUT_S)
+                    refusal = self._refusal(keys)
         if (token_pod := self._csi.token_pod(owner)) is not None:
             await self.tokens.ensure([token_pod])
         return refusal
+
+    def _refusal(self, keys: set[ObjectKey]) -> str:
+        assert self._objects is not None
+        return next(filter(None, map(self._objects.refusal, sorted(keys, key=str))), "")
+
+    def _refused_unread(self, key: ObjectKey) -> bool:
+        """Refused, and never read: nothing of it to lose by reading it afresh."""
+        assert self._objects is not None
+        return bool(self._objects.refusal(key)) and self._store.get(key) is None
 
     def _token_users(self) -> list[Pod]:
         """The pods whose projections get tokens here: this node's pods with their own volumes
@@ -338,6 +401,11 @@ class KubeSource:
         return claim_references(
             claim_key, store=self._store, as_node=self.node_identity is not None
         )
+
+
+def _expecting(pod: ObjectKey) -> str:
+    """The owner of a pod's CSI references, before its publishes (`CsiVolumes.expect`)."""
+    return f"pod {pod.namespace}/{pod.name}"
 
 
 def _key_of(raw: Obj) -> ObjectKey:
