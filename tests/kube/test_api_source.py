@@ -71,6 +71,35 @@ def test_pods_of_this_node_are_served_and_follow_their_configmap(
         assert api.count("GET", "configmaps", watch=False) == 1  # its one list
 
 
+def test_a_status_update_changes_nothing_and_a_label_reaches_the_downward_api(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    """kubelet updates a starting pod's status four or five times: nothing a volume shows, so
+    the agent's store never changes for them (no conversion, no reconciler pass); a label
+    edit, the next update, reaches the pod's downwardAPI file."""
+    api.create(configmap("app", {"a": "1"}))
+    labels = {"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}}
+    volumes = [
+        configmap_volume("config", "app"),
+        {"name": "info", "downwardAPI": {"items": [labels]}},
+    ]
+    written = pod(volumes=volumes)
+    written["metadata"]["labels"] = {"app": "web"}
+    web = api.create(written)
+    with kube_agent() as agent:
+        info = agent.wait_mounted(agent.volume(UID, "downward-api", "info")) / "labels"
+        assert read(info) == 'app="web"'
+        agent.wait_reconciled()
+        before = agent.live_statistics()["store"]["generation"]
+        for phase in ("Pending", "Running", "Running"):
+            web["status"] = {"phase": phase, "podIP": "10.0.0.7", "conditions": [{"type": phase}]}
+            web = api.update(web)
+        web["metadata"]["labels"]["tier"] = "front"
+        api.update(web)
+        wait_for(lambda: read(info) == 'app="web"\ntier="front"', timeout_s=5)
+        assert agent.live_statistics()["store"]["generation"] == before + 1
+
+
 def test_a_watch_cut_mid_event_resumes_without_relisting(
     api: ApiServer, kube_agent: Callable[..., Any]
 ) -> None:

@@ -50,6 +50,8 @@ volumes reference and reading as their pod (`csi_volumes`), tokens and events.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -137,6 +139,8 @@ class KubeSource:
         self.tokens = TokenManager(client=client, store=store)
         self.events = EventRecorder(client=client, node_name=node_name)
         self._pods: dict[ObjectKey, Pod] = {}
+        self._digests: dict[ObjectKey, bytes] = {}
+        """Per pod, a digest of what it was converted from, its status left out (`_digest`)."""
         self._expected: dict[ObjectKey, str] = {}
         """The pods whose CSI volumes' references are tracked ahead of their publishes
         (`_expect_csi`), with the uid they were read from."""
@@ -248,6 +252,7 @@ class KubeSource:
             pod = convert(raw, origin=self._origin)
             if isinstance(pod, Pod):
                 listed[pod.key] = pod
+                self._digests[pod.key] = _digest(raw)
                 self._expect_csi(pod, raw)
             else:
                 kept.add(_key_of(raw))
@@ -257,7 +262,12 @@ class KubeSource:
     async def _pod_event(self, kind: str, raw: Obj) -> None:
         if kind == "DELETED":
             await self._deliver([], removed={_key_of(raw)})
-        elif isinstance(pod := convert(raw, origin=self._origin), Pod):
+            return
+        key, digest = _key_of(raw), _digest(raw)
+        if self._digests.get(key) == digest and key in self._pods:
+            return  # its status changed (kubelet's updates): nothing a volume shows
+        if isinstance(pod := convert(raw, origin=self._origin), Pod):
+            self._digests[key] = digest
             self._expect_csi(pod, raw)
             await self._deliver([pod], removed=set())
 
@@ -298,6 +308,7 @@ class KubeSource:
         keyed = [(pod.key, pod) for pod in pods]  # one key object for both tables
         changed = [pod for key, pod in keyed if self._pods.get(key) != pod]
         for key in removed:
+            self._digests.pop(key, None)
             if self._pods.pop(key, None) is not None:
                 self._store.delete(key)
             if self._expected.pop(key, None) is not None:
@@ -401,6 +412,23 @@ class KubeSource:
         return claim_references(
             claim_key, store=self._store, as_node=self.node_identity is not None
         )
+
+
+def _digest(raw: Obj) -> bytes:
+    """What a pod's conversion reads (its metadata and spec), without what changes with every
+    update of its status: kubelet updates a starting pod's status four or five times, each a
+    conversion of the whole pod, a store change and a reconciler pass that changed nothing, in
+    the middle of the pod's set-up (a burst of 20 pods: a hundred of them). The pod as stored
+    keeps the resourceVersion of its last change that counts."""
+    metadata = raw.get("metadata")
+    if isinstance(metadata, dict):
+        metadata = {k: v for k, v in metadata.items() if k not in _VOLATILE}
+    text = json.dumps([metadata, raw.get("spec")], sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+_VOLATILE = frozenset({"resourceVersion", "managedFields"})
+"""Metadata that a status update changes, and that no conversion reads but the version."""
 
 
 def _expecting(pod: ObjectKey) -> str:
