@@ -60,7 +60,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.settings import ChangeDetection
-from fusevol.csi.attributes import DRIVER, CsiError, PodIdentity, read_source
+from fusevol.csi.attributes import DRIVER, PodIdentity, read_source
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.query import Callbacks, Query
@@ -295,7 +295,7 @@ class KubeSource:
                     identity,
                     str(entry.get("name", "")),
                 )
-            except CsiError:
+            except Exception:  # a tenant's input, whatever it holds: its publish says why
                 continue
             keys |= self._volume_references(pod, source)
         if self.node_identity is not None:  # what the Node authorizer lets this node read
