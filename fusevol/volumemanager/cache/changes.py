@@ -6,8 +6,8 @@ made between the reading and the wait makes the wait return at once. Trio thread
 
 A caller that waits for one volume (a CSI publish) subscribes an event under its name instead
 (`Subscribers`): a change of that volume sets it, and no other wakes it. Woken by every change,
-80 publishes at once made 80 wake-ups of each change, each a nursery of three waits: most of
-the agent's time in such a burst.
+80 publishes (or unpublishes) at once made 80 wake-ups of each change, each a nursery of three
+waits: a tenth of the trio thread's time in such a burst.
 """
 
 from __future__ import annotations
