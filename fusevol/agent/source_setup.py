@@ -71,6 +71,7 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
     """The source the settings ask for, and what the agent needs of it."""
     if settings.kube is not None:
         # Imported here: the kubernetes client takes 0.4 s to import, for nothing without it.
+        from fusevol.csi.attributes import pod_sources
         from fusevol.kube import kubelet_credentials
         from fusevol.kube.client import KubeClient
         from fusevol.kube.provisioned import KubeVolumeRecorder
@@ -93,6 +94,7 @@ def build_source(settings: Settings, store: ObjectStore) -> BuiltSource:
             recorder=recorder,
             pod_volumes=settings.csi is None,
             read_as_pod=settings.csi is not None and settings.csi.read_as_pod,
+            csi_sources=pod_sources,
         )
         return BuiltSource(
             source, recorder, None, source.track, "API source", client.post, client.statistics

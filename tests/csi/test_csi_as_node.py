@@ -65,6 +65,19 @@ WRITTEN_VOLUMES = [
 ]
 
 
+def named_twice(name: str, uid: str, secret_name: str) -> Obj:
+    """A pod whose `fusevol.io` volume's Secret an unmounted secret volume of its own names too
+    (what `fusevol convert` writes): the Node authorizer lets its node read it."""
+    return pod(
+        name,
+        uid,
+        volumes=[
+            csi_volume(secret_name, secret=secret_name),
+            {"name": f"fusevol-ref-{secret_name}", "secret": {"secretName": secret_name}},
+        ],
+    )
+
+
 def converted(written: Obj) -> Obj:
     """`written` as the webhook makes it (the conversion's JSON Patch, applied)."""
     conversion = convert_pod(copy.deepcopy(written), namespace="default", driver=CONVERTIBLE)
@@ -140,14 +153,7 @@ def test_an_object_its_pod_does_not_name_is_refused_to_the_node(
     agent, kubelet = node_agent
     api.create(secret("creds", {"password": "s3cret"}))
     api.create(secret("loose", {"password": "nobody's"}))
-    kept = pod(
-        "kept",
-        "dddddddd-0000-4000-8000-0000000000b1",
-        volumes=[
-            csi_volume("creds", secret="creds"),
-            {"name": "fusevol-ref-creds", "secret": {"secretName": "creds"}},
-        ],
-    )
+    kept = named_twice("kept", "dddddddd-0000-4000-8000-0000000000b1", "creds")
     api.create(kept)
     # Read as the pod comes, before kubelet publishes (as kubelet registers a pod's objects).
     wait_for(lambda: ("secrets", "default", "metadata.name=creds") in api.open_watches())
@@ -158,15 +164,7 @@ def test_an_object_its_pod_does_not_name_is_refused_to_the_node(
     # Not before its publish: the node may not read what its pod names nowhere. (The next
     # pod's objects are read once the agent has seen both.)
     api.create(secret("later", {"k": "v"}))
-    later = pod(
-        "later",
-        "dddddddd-0000-4000-8000-0000000000b2",
-        volumes=[
-            csi_volume("later", secret="later"),
-            {"name": "fusevol-ref-later", "secret": {"secretName": "later"}},
-        ],
-    )
-    api.create(later)
+    api.create(named_twice("later", "dddddddd-0000-4000-8000-0000000000b2", "later"))
     wait_for(lambda: ("secrets", "default", "metadata.name=later") in api.open_watches())
     assert not [r for r in api.requests if "loose" in r.query.get("fieldSelector", "")]
     agent.expect_log(

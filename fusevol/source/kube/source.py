@@ -60,7 +60,6 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.settings import ChangeDetection
-from fusevol.csi.attributes import DRIVER, PodIdentity, read_source
 from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.query import Callbacks, Query
@@ -74,7 +73,7 @@ from fusevol.source.kube.selected import SelectedClaims
 from fusevol.source.kube.tokens import TokenManager, TokenStatistics
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from fusevol.base.settings import KubeSettings
     from fusevol.kube.client import KubeClient, Obj
@@ -118,9 +117,13 @@ class KubeSource:
         recorder: KubeVolumeRecorder | None = None,
         pod_volumes: bool = True,
         read_as_pod: bool = False,
+        csi_sources: Callable[[Pod, Obj], list[VolumeSource]] | None = None,
     ) -> None:
         """`pod_volumes`: the pods' own volumes are served here (False: CSI only).
-        `read_as_pod`: CSI volumes' objects are read with their pods' tokens."""
+        `read_as_pod`: CSI volumes' objects are read with their pods' tokens. `csi_sources(pod,
+        raw)`: what the pod's CSI volumes serve, read from the pod as the API server has it
+        (`fusevol.csi.attributes.pod_sources`; None: nothing is tracked before a publish)."""
+        self._csi_sources = csi_sources
         self._pod_volumes = pod_volumes
         self.node_identity: str | None = None
         """The node this client authenticates as (`system:node:<name>`), else None."""
@@ -273,30 +276,14 @@ class KubeSource:
 
     def _expect_csi(self, pod: Pod, raw: Obj) -> None:
         """Track what the pod's `fusevol.io` volumes reference, as kubelet will publish them
-        (module docstring). Once per pod (a pod's volumes never change); a volume whose
-        attributes do not read is left to its publish, which refuses it with the reason."""
-        if self._pod_volumes or self._csi.read_as_pod or self._expected.get(pod.key) == pod.uid:
+        (module docstring). Once per pod (a pod's volumes never change)."""
+        if self._csi_sources is None or self._pod_volumes or self._csi.read_as_pod:
+            return
+        if self._expected.get(pod.key) == pod.uid:
             return
         self._expected[pod.key] = pod.uid
         keys: set[ObjectKey] = set()
-        spec = raw.get("spec")
-        volumes = spec.get("volumes") if isinstance(spec, dict) else None
-        identity = PodIdentity(pod.namespace, pod.name, pod.uid, pod.service_account_name)
-        for entry in volumes if isinstance(volumes, list) else ():
-            csi = entry.get("csi") if isinstance(entry, dict) else None
-            if not isinstance(csi, dict) or csi.get("driver") != DRIVER:
-                continue
-            attributes = csi.get("volumeAttributes")
-            if not isinstance(attributes, dict):
-                continue
-            try:
-                source = read_source(
-                    {str(k): str(v) for k, v in attributes.items()},
-                    identity,
-                    str(entry.get("name", "")),
-                )
-            except Exception:  # a tenant's input, whatever it holds: its publish says why
-                continue
+        for source in self._csi_sources(pod, raw):
             keys |= self._volume_references(pod, source)
         if self.node_identity is not None:  # what the Node authorizer lets this node read
             keys &= self._references([pod])
