@@ -7,7 +7,7 @@ pass that only follows edits of objects and ends of operations asks only the vol
 those objects for their inputs (`PassScope.candidates`), and takes step (3) alone when those
 objects are what volumes serve and those operations left their volumes set up
 (`PassScope.content_only`): an edit costs the node's few volumes it concerns, not all of them. Any
-other change, `want_full()` (a CSI publish, the resync), a retry that is due and at least every
+other change, `want_full()` (a CSI unpublish, the resync), a retry that is due and at least every
 `resync_interval_s` make a full pass, which indexes what each volume is built from for the passes
 that follow (`PassScope.index_references`).
 """
@@ -112,7 +112,7 @@ class PassScope:
         (the users of a shared subtree record its new inputs); anything else is a full pass: a
         change of a pod, claim or volume or a deletion of an object, an object no volume was
         built from at the last full pass, an ended operation of a volume that pass did not
-        know, `want_full()` (`Reconciler.kick`: a CSI publish), a retry that is due, and at
+        know, `want_full()` (`Reconciler.kick`: a CSI unpublish), a retry that is due, and at
         least every `resync_interval_s`."""
         now = trio.current_time()
         if (
