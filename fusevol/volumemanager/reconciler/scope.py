@@ -58,13 +58,13 @@ class PassScope:
         """Each desired volume of the last full pass -> the objects it is built from."""
 
     def index(self, volume: VolumeToServe) -> None:
-        """What one new volume is built from, as a full pass would index it (a CSI volume set
-        up ahead of any pass, `Reconciler.set_up_now`): the passes that follow its operation's
-        end need not be full ones for it."""
+        """What one volume is built from: each at a full pass, and a CSI volume set up ahead of
+        any pass (`Reconciler.set_up_now`), so that the passes that follow its operation's end
+        need not be full ones for it."""
         try:
             keys = self._objects(volume)
-        except Exception:  # its operation says why; full passes follow (`candidates`)
-            return
+        except Exception:  # its operation says why (`OperationStarter.inputs`)
+            return  # followed by full passes (`candidates`)
         for key in self._references_of.get(volume.name, ()):
             self._referencing.discard(key, volume.name)
         self._references_of[volume.name] = keys
@@ -142,13 +142,7 @@ class PassScope:
         self._full_wanted, self._last_full = False, trio.current_time()
         self._referencing, self._references_of = SetMultimap(), {}
         for volume in self._desired.volumes_to_serve():
-            try:
-                keys = self._objects(volume)
-            except Exception:  # its operation says why (`OperationStarter.inputs`)
-                continue  # followed by full passes (`candidates`)
-            self._references_of[volume.name] = keys
-            for key in keys:
-                self._referencing.add(key, volume.name)
+            self.index(volume)
 
 
 _CONTENT_KINDS = frozenset({Kind.CONFIG_MAP, Kind.SECRET, Kind.SERVICE_ACCOUNT_TOKEN})
