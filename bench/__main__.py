@@ -17,7 +17,8 @@ Rows, each from one module of this package (run alone for details):
   5    one pod with 100 ConfigMap volumes: all ready                        many_volumes.py
   5b   NodePublishVolume, one pod and 20 at once, vs AtomicWriter's writes   csi_publish.py
   6    cold stat+open+close throughput, caches dropped, 1 and 4 clients,    cold_throughput.py
-       vs tmpfs and the floor (a minimal C libfuse3 server, same layout)
+       vs tmpfs and the floor (a minimal C libfuse3 server, same layout,
+       its names held as fusevol's)
 
 Run alone, not in this table (it needs containerd and runc): reader pauses when the agent is
 replaced (a rollout, a deleted agent pod with and without the holder)         rollout.py

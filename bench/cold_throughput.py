@@ -4,25 +4,30 @@ minimal C FUSE server of the same layout, with 1 and 4 client processes.
 
 One ConfigMap with KEYS keys, served by the real agent and written the AtomicWriter way to a
 tmpfs. For each setup and client count: `echo 3 > /proc/sys/vm/drop_caches` (the FUSE mounts'
-dentries, inodes and cached symlinks go; tmpfs keeps its own: it is the kernel alone), then
-the clients, started together, each stat+open+close their share of `vol/<key>`; throughput is
-keys per second over the wall time of the slowest client. Median of REPEATS runs, the three
-setups interleaved in each run, so that drift hits them alike.
+unused dentries and inodes, and every cached symlink target, go; tmpfs keeps its own: it is the
+kernel alone), then the clients, started together, each stat+open+close their share of
+`vol/<key>`; throughput is keys per second over the wall time of the slowest client. Median of
+REPEATS runs, the three setups interleaved in each run, so that drift hits them alike.
+
+fusevol's pin holder keeps the kernel's entries of every served name (docs/fuse.md fact 17), as
+a tmpfs keeps its own: a cold key costs the readlink of its link (and `..data`'s once a run),
+one round trip through /dev/fuse with two context switches. Without the pins it cost three: a
+lookup of the key, its readlink and a lookup of the file in the version directory.
 
 The floor: tmpfs answers from the kernel's own caches and makes no request, so it says how far
-fusevol is from a disk-less file system, not how far it is from what FUSE allows. Every cold key
-costs a FUSE server the same requests (lookup of the key, readlink of it, lookup of the file in
-the version directory; `..data` once per run), each a round trip through /dev/fuse with two
-context switches. bench/cold_floor.c serves the same layout with nothing else to do: libfuse3's
-low-level API, one thread, every answer computed from the inode number, and the same mount as
-fusevol's (no open requests, cached symlinks, 300 s entry and attribute timeouts). Its figure is
-what any FUSE server's requests cost on this machine; fusevol's is read against it. It is
-compiled at run time (gcc and libfuse3's pkg-config); without them the floor is reported as not
-built and the rest runs.
+fusevol is from a disk-less file system, not how far it is from what FUSE allows.
+bench/cold_floor.c serves the same layout with nothing else to do: libfuse3's low-level API, one
+thread, every answer computed from the inode number, and the same mount as fusevol's (no open
+requests, cached symlinks, 300 s entry and attribute timeouts); this bench holds the same names
+of it as fusevol's holder does (`fusevol.fuse.pin_helper.Holder`), so that it makes the same
+requests. Its figure is what those requests cost any FUSE server on this machine; fusevol's is
+read against it. It is compiled at run time (gcc and libfuse3's pkg-config); without them the
+floor is reported as not built and the rest runs.
 
-Neither server nor client is pinned to a CPU. Where the scheduler puts them decides much: with
-one client, the floor served ~30k keys/s with client and server on one CPU and ~4.5k on two
-(each request then waits for a wake-up on the other CPU), so runs vary with placement.
+Neither server nor client is bound to a CPU. Where the scheduler puts them decides much: with
+one client and no names held, the floor served ~30k keys/s with client and server on one CPU and
+~4.5k on two (each request then waits for a wake-up on the other CPU), so runs vary with
+placement.
 
     .venv/bin/python bench/cold_throughput.py [--keys 2000] [--repeats 5]     (root: mounts)
 """
@@ -46,6 +51,7 @@ from typing import TYPE_CHECKING
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import AGENT_ARGS, tmpfs
+from fusevol.fuse.pin_helper import Holder
 from fusevol.model import FileProjection
 from tests import kubelet_reference
 from tests.agent import running_agent, wait_for
@@ -154,6 +160,18 @@ def running_floor(binary: Path, mountpoint: Path, keys: list[str]) -> Iterator[P
             subprocess.run(["umount", "-l", str(mountpoint)], check=False)
 
 
+@contextlib.contextmanager
+def held(volume: Path, keys: list[str]) -> Iterator[None]:
+    """The names of `volume` held for the block, as fusevol's pin holder holds a volume's."""
+    holder = Holder(1 + 2 * len(keys))
+    version = os.readlink(volume / "..data")
+    holder.pin(str(volume), ["..data", *keys, *(f"{version}/{key}" for key in keys)])
+    try:
+        yield
+    finally:
+        holder.drop(str(volume))
+
+
 def drop_caches() -> None:
     os.sync()
     Path("/proc/sys/vm/drop_caches").write_text("3\n")
@@ -209,11 +227,14 @@ def measure(n: int = 2000, repeats: int = 5) -> Result:
             )
             volume = agent.volume(UID, "configmap", "config")
             wait_for(lambda: (volume / keys[-1]).exists(), timeout_s=30)
+            names = 1 + 2 * n  # `..data`, and each key's link and file
+            wait_for(lambda: agent.live_statistics()["publisher"]["pinned"] >= names, timeout_s=30)
             floor_volume = None
             if floor_binary is not None:
                 floor_volume = stack.enter_context(
                     running_floor(floor_binary, base / "floor", keys)
                 )
+                stack.enter_context(held(floor_volume, keys))
             for _ in range(repeats):  # interleaved, so that drift hits all alike
                 for clients in CLIENTS:
                     result.tmpfs.setdefault(clients, []).append(
@@ -239,7 +260,10 @@ def main() -> None:
         sys.exit("needs root (mounts, drop_caches)")
     r = measure(args.keys, args.repeats)
     print(f"cold stat+open+close of {r.keys} distinct keys, caches dropped, median of runs")
-    print("the floor: bench/cold_floor.c, a single-threaded C libfuse3 server of the same layout")
+    print(
+        "the floor: bench/cold_floor.c, a single-threaded C libfuse3 server of the same layout, "
+        "its names held as fusevol's are"
+    )
     for clients in CLIENTS:
         f, t = statistics.median(r.fusevol[clients]), statistics.median(r.tmpfs[clients])
         if r.floor:

@@ -49,6 +49,9 @@ FILES = {
     ("secret", "creds"): {"token": b"t0ken"},
 }
 """(plugin, volume) -> top-level name -> bytes, as `write_pod_set` serves them."""
+PINNED = sum(1 + 2 * len(keys) for keys in FILES.values())
+"""The names of `FILES` the agent's pin holder keeps (docs/fuse.md fact 17): each volume's
+`..data`, and each key's link and file."""
 
 
 def configmap(a: str = "alpha", b: str = "beta") -> str:

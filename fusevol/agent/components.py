@@ -19,6 +19,7 @@ from fusevol.agent.readiness import Readiness
 from fusevol.agent.source_setup import build_source
 from fusevol.fuse import session, snapshot
 from fusevol.fuse.ops import Operations
+from fusevol.fuse.pins import Pins
 from fusevol.fuse.publish import Publisher
 from fusevol.model.audit import AuditLevel
 from fusevol.mount.linux import LinuxMountBackend
@@ -71,6 +72,7 @@ class Components:
             mountpoint=layout.fuse_mountpoint(root),
             grace_s=settings.fuse.old_version_grace_s,
             store_pages=session.store_pages,
+            pins=Pins(settings.fuse.pinned_names),
         )
         if self.take_over is not None:
             self.publisher.adopt()
@@ -188,6 +190,7 @@ class Components:
             frozen=self.frozen.gauges,
             failing=lambda: self.csi.node.failing() if self.csi is not None else [],
             api=built.api,
+            pinned=lambda: self.publisher.statistics().pinned,
         )
         # CSI node plugin (fusevol.csi): kubelet publishes volumes through the reconciler.
         self.csi: CsiServer | None = None

@@ -59,6 +59,10 @@ class HelperProcess:
             self._process.kill()
             self._process.wait()
 
+    def wait(self) -> int:
+        """Block until the helper has exited (after `kill`); its exit status."""
+        return self._process.wait()
+
     def kill(self) -> None:
         """Kill the helper, without waiting: a helper whose request is on our own mount dies only
         once our trio thread (this one) has answered it. It is reaped later (`subprocess`'s own

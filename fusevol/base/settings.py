@@ -26,6 +26,11 @@ class FuseSettings:
     just before the switch (docs/fuse.md fact 6)."""
     max_tasks: int = 8
     """Concurrent request handlers in pyfuse3.main; requests are CPU-bound, a few suffice."""
+    pinned_names: int = 100_000
+    """Served names whose kernel entries are kept (`fusevol.fuse.pins`): a read after the kernel
+    dropped its caches then costs one request, not three. About 1.4 KiB of kernel memory each (a
+    dentry, an inode and the pin holder's open file; kubelet's tmpfs copy holds a dentry and an
+    inode a name too, and its pages); 0 pins none."""
 
 
 @dataclass(frozen=True, slots=True)

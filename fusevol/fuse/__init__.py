@@ -4,7 +4,8 @@ from memory, in kubelet's AtomicWriter layout.
 `tree` (the pure in-memory inode tree; a version is never changed once visible) with `nodes` (a
 node and a directory's entries), `building` (new nodes, and a version built whole) and `order` (a
 directory's entries in inode order, for READDIR), `publish` (a new version switched in by real VFS
-operations on the agent's own mount, made by the `vfs_helper` processes), `ops` (the pyfuse3
+operations on the agent's own mount, made by the `vfs_helper` processes; `pins`, with the
+`pin_helper` process, keeps the kernel's entries of what is visible), `ops` (the pyfuse3
 handlers over the tree; read-only but for the publisher), `answering` (every failure of a handler
 an answer: no request ends a server), `naming` (node ids, generations and subtree names no
 container can guess, in the one superblock every pod shares) and `session` (pyfuse3's one session

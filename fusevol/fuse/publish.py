@@ -20,6 +20,10 @@ These operations must never run on the trio thread: the trio thread is the one t
 Only the helpers may perform them (`is_publisher`, checked by `fusevol.fuse.ops`): a helper's
 pid, or, from a PID namespace the connection cannot see, root with the helpers' group.
 
+Pinned (docs/fuse.md fact 17): once a version is visible, the pin holder keeps the kernel's
+entries of its names (`Pins`), as a tmpfs keeps its own, so a read after the kernel dropped its
+caches costs one request, not three. The old version's are let go before it is removed.
+
 The old version stays for `grace_s` after the switch, so a reader that resolved `..data` just before
 the switch still finds its files (docs/fuse.md fact 6); kubelet deletes it at once, which its tmpfs
 can afford because unlinked dentries stay valid for those who hold them.
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
 import logging
 import os
 import random
@@ -41,10 +46,11 @@ import trio
 from fusevol.base.helper_parent import HelperProcess
 from fusevol.fuse.building import names
 from fusevol.fuse.nodes import symlink_gid, walk
+from fusevol.fuse.pins import Pins
 from fusevol.fuse.vfs_helper import PUBLISHER_GID
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     from fusevol.fuse.nodes import Node
@@ -78,6 +84,9 @@ WARM_DIRECTORIES = 100
 WARM_BYTES = 16 << 20
 """A version is warmed (`_warm`) up to these: beyond, its first reads ask the agent, as before,
 and a tenant's 50,000 keys cost no listing of them before the switch."""
+PIN_NAMES = 10_000
+"""Names of one version pinned at most (`Pins`): a tenant's 50,000 keys take no more of the
+node's bound than this."""
 _TURN = 256
 """Top-level links made or removed in one helper call (`_in_turns`): some 50 ms."""
 
@@ -89,6 +98,8 @@ class PublisherStatistics:
     pending_removals: int
     warming: int
     """New volumes warmed after `publish` returned (`warm_later`), not done yet."""
+    pinned: int
+    """Names whose kernel entries the pin holder keeps (`Pins`)."""
 
 
 class Publisher:
@@ -99,10 +110,13 @@ class Publisher:
         mountpoint: Path,
         grace_s: float,
         store_pages: Callable[[list[tuple[int, bytes]]], int] | None = None,
+        pins: Pins | None = None,
     ) -> None:
         """`store_pages`: puts files' content in the kernel's page cache (blocking; run on a
-        worker thread): with it, versions are warmed before they are visible (`_warm`)."""
+        worker thread): with it, versions are warmed before they are visible (`_warm`).
+        `pins`: keeps the kernel's entries of visible versions (none without)."""
         self._tree = tree
+        self._pins = pins or Pins(0)
         self._store_pages = store_pages
         self._warms: list[_Waiting] = []
         self._warming = trio.Lock()
@@ -148,9 +162,12 @@ class Publisher:
                 self._idle.append(self._spawn())
             async with trio.open_nursery() as nursery:
                 self._nursery = nursery
+                await nursery.start(self._pins.run)
                 for op, path in self._leftovers:
                     self._remove_later(path, op)
                 self._leftovers.clear()
+                for volume in self._tree.root.children or ():  # adopted: a predecessor's
+                    self._pin(volume)
                 task_status.started()
                 await trio.sleep_forever()
         finally:
@@ -195,6 +212,7 @@ class Publisher:
         self._routes.pop(volume, None)
         if self._tree.child(self._tree.root, volume) is None:
             return
+        await self._pins.released(str(self.path(volume)))  # else the kernel keeps its nodes
         try:
             await self._vfs("rmdir", through)
         except FileNotFoundError:
@@ -249,9 +267,10 @@ class Publisher:
                 if warm_later:
                     assert self._nursery is not None, "Publisher.run() is not running"
                     self._warming_later += 1
-                    self._nursery.start_soon(self._warm_meanwhile, warming, pages)
-                else:
-                    await self._warm(warming, pages)
+                    self._nursery.start_soon(self._warm_meanwhile, volume, warming, pages)
+                    return True
+                await self._warm(warming, pages)
+            self._pin(volume, listed=pages is None)
             return True
         root = self._through(volume)
         old = self._current(volume_dir)
@@ -262,6 +281,8 @@ class Publisher:
         links = [os.fsdecode(n) for n in sorted(missing)]
         if current is not None and _holds(current, payload, gid, dir_mode):  # (4)
             await self._in_turns("links", root, links)  # (10)
+            if volume not in self._routes:
+                self._pins.pin(str(self.path(volume)), links)
             return False
 
         name = self._unused_name(volume_dir)
@@ -284,9 +305,12 @@ class Publisher:
         if not alone:
             await self._in_turns("links", root, links[_TURN:])  # (10)
             await self._in_turns("unlinks", root, unlinks)  # (11)
+        self._pin(volume, name, links, listed=pages is None)
+        self._pins.unpin(str(self.path(volume)), unlinks)
         self._publishes += 1
         if old is not None:  # (12)
-            self._remove_later(root / os.fsdecode(old), "retire")
+            pinned = (str(self.path(volume)), os.fsdecode(old))
+            self._remove_later(root / os.fsdecode(old), "retire", pinned=pinned)
         return True
 
     def _create(
@@ -360,15 +384,53 @@ class Publisher:
                 for each in batch:
                     each.done = True
 
-    async def _warm_meanwhile(self, volume: list[Any], pages: list[tuple[int, bytes]]) -> None:
+    async def _warm_meanwhile(
+        self, volume: bytes, warming: list[Any], pages: list[tuple[int, bytes]]
+    ) -> None:
         """`_warm`, for a caller that did not wait (`publish`'s `warm_later`): a helper that
         died leaves the volume cold (its first reads ask the agent), and nothing else."""
+        warmed = False
         try:
-            await self._warm(volume, pages)
+            await self._warm(warming, pages)
+            warmed = True
         except Exception as exc:
             log.warning("new volume not warmed, its first reads ask the agent error=%s", exc)
         finally:
             self._warming_later -= 1
+        self._pin(volume, listed=not warmed)
+
+    def _pin(
+        self,
+        volume: bytes,
+        version: bytes | None = None,
+        links: list[str] | None = None,
+        *,
+        listed: bool = False,
+    ) -> None:
+        """Have the pin holder keep `..data`, the volume's current version's files and its
+        top-level links (only `links` with `version`: the links that version added), up to
+        `PIN_NAMES`; `listed`: the version was not warmed (`Pins.pin`). An audited volume is
+        not pinned: its readers go through the audit file system, whose entries are its own."""
+        directory = self._tree.child(self._tree.root, volume)
+        if directory is None or volume in self._routes:
+            return
+        if version is None:
+            version = self._current(directory)
+            if version is None:
+                return
+            links = [
+                os.fsdecode(n)
+                for n, node in (directory.children or {}).items()
+                if not n.startswith(b"..") and not node.is_dir
+            ]
+        node = self._tree.child(directory, version)
+        if node is None:
+            return
+        names = itertools.chain(
+            (os.fsdecode(DATA),), links or (), _files(node, os.fsdecode(version))
+        )
+        pinned = list(itertools.islice(names, PIN_NAMES))
+        self._pins.pin(str(self.path(volume)), pinned, listed=listed)
 
     async def _store(self, pages: list[tuple[int, bytes]]) -> None:
         assert self._store_pages is not None
@@ -378,7 +440,7 @@ class Publisher:
     def statistics(self) -> PublisherStatistics:
         volumes = len(self._tree.root.children or ())
         return PublisherStatistics(
-            volumes, self._publishes, self._pending_removals, self._warming_later
+            volumes, self._publishes, self._pending_removals, self._warming_later, self._pins.held
         )
 
     def _unused_name(self, volume_dir: Node) -> bytes:
@@ -396,14 +458,23 @@ class Publisher:
                 self._last_name = name
                 return name
 
-    def _remove_later(self, path: Path, op: str = "rmdir") -> None:
+    def _remove_later(
+        self, path: Path, op: str = "rmdir", *, pinned: tuple[str, str] | None = None
+    ) -> None:
+        """`op` on `path` after the grace period; `pinned`: the pins to let go of first (the
+        volume's path on the agent's mount, the version's name)."""
         assert self._nursery is not None, "Publisher.run() is not running"
         self._pending_removals += 1
-        self._nursery.start_soon(self._remove_after_grace, path, op)
+        self._nursery.start_soon(self._remove_after_grace, path, op, pinned)
 
-    async def _remove_after_grace(self, path: Path, op: str) -> None:
+    async def _remove_after_grace(
+        self, path: Path, op: str, pinned: tuple[str, str] | None
+    ) -> None:
         try:
             await trio.sleep(self._grace_s)
+            if pinned is not None:  # else the kernel keeps the version's nodes past the rmdir
+                root, version = pinned
+                await self._pins.released(root, [version])
             with contextlib.suppress(FileNotFoundError):
                 await self._vfs(op, path)
         finally:
@@ -454,6 +525,19 @@ class _Waiting:
     volume: list[Any]
     pages: list[tuple[int, bytes]]
     done: bool = False
+
+
+def _files(version: Node, prefix: str) -> Iterator[str]:
+    """The path of every file below `version`, each beginning with `prefix`."""
+    stack = [(prefix, version)]
+    while stack:
+        path, directory = stack.pop()
+        for name, node in (directory.children or {}).items():
+            each = f"{path}/{os.fsdecode(name)}"
+            if node.is_dir:
+                stack.append((each, node))
+            else:
+                yield each
 
 
 def _looked_up(version: Node) -> list[str] | None:

@@ -38,12 +38,14 @@ def register(
     frozen: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
     failing: Callable[[], Iterable[tuple[dict[str, str], float]]] = list,
     api: Callable[[], ClientStatistics] | None = None,
+    pinned: Callable[[], int] = lambda: 0,
 ) -> None:
     """Add the gauges and counters that are read from the components on every scrape;
     `ready()`: what `/readyz` answers; `frozen()`: `fusevol_frozen_volumes`
     (`fusevol.observe.frozen`); `failing()`: the failing volumes no state of the volume manager
     holds (the CSI node's failed first publishes, `fusevol.csi.node`); `api()`: the API client's
-    connections, streams and answers (with the API source)."""
+    connections, streams and answers (with the API source); `pinned()`: the names whose kernel
+    entries are kept (`fusevol.fuse.pins`)."""
 
     def volumes_by_state() -> Iterable[tuple[dict[str, str], float]]:
         for state, names in (
@@ -110,6 +112,13 @@ def register(
         "Inodes of the FUSE file system (reachable or still known to the kernel)",
         [],
         lambda: [({}, tree.statistics().nodes)],
+    )
+    metrics.add_gauge(
+        "fusevol_fuse_pinned_names",
+        "Served names whose kernel entries are kept, so that a read after the kernel dropped"
+        " its caches costs one request",
+        [],
+        lambda: [({}, pinned())],
     )
     if api is not None:
         metrics.add_gauge(

@@ -12,6 +12,7 @@ The agent's (`Metrics`; `fusevol.observe.component_metrics` connects the compone
     fusevol_fuse_requests_total{operation}                 FUSE requests answered
     fusevol_fuse_read_bytes_total                          bytes read through the mount
     fusevol_fuse_inodes                                    the FUSE tree's inodes
+    fusevol_fuse_pinned_names                              names whose kernel entries are kept
     fusevol_objects{kind}, fusevol_object_data_bytes       what the agent holds, on scrape
     fusevol_update_propagation_seconds                     object changed -> new version visible
     fusevol_source_restarts_total{source}                  watches / rescans started again

@@ -12,17 +12,17 @@ import errno
 import importlib.metadata
 import os
 import re
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
+from fusevol.fuse.publish import WARM_FILES
 from fusevol.fuse.session import has_fast_read_path
 from tests.agent import wait_for, write_atomically
-from tests.manifests import POD_UID, configmap, pod
+from tests.manifests import FILES, PINNED, POD_UID, configmap, pod
 
 if TYPE_CHECKING:
-    from pathlib import Path
-
     from tests.agent import AgentProcess
 
 pytestmark = pytest.mark.skipif(
@@ -171,3 +171,81 @@ def test_the_first_reads_of_a_new_version_ask_the_agent_nothing(
         wait_for(lambda: agent.volume_status(POD_UID, "config").get("state") == "mounted")
         files = {volume / "a": f"{version}".encode(), volume / "b": f"b{version}".encode()}
         assert requests_during_first_reads(agent, files) == {}
+
+
+# -- pinned: a read after the kernel dropped its caches ------------------------------------------
+
+
+def pinned_names(agent: AgentProcess) -> int:
+    return int(agent.live_statistics()["publisher"]["pinned"])
+
+
+def drop_caches() -> None:
+    Path("/proc/sys/vm/drop_caches").write_text("3\n")
+
+
+@pytest.mark.usefixtures("capabilities")
+def test_a_read_after_dropped_caches_costs_one_readlink(agent: AgentProcess) -> None:
+    """The kernel keeps the entries and attributes of every served name, as a tmpfs keeps its
+    own: after `drop_caches` a stat+open of a key asks only its link's target (and `..data`'s,
+    once a volume), where it asked a lookup of the link, its target and the file too."""
+    wait_for(lambda: pinned_names(agent) == PINNED)
+    volume = agent.volume(POD_UID, "configmap", "config")
+    keys = FILES[("configmap", "config")]
+    assert hot_read(volume / "a") == b"alpha"  # (no_open)
+
+    drop_caches()
+    before = agent.fuse_requests()
+    for key in keys:
+        os.stat(volume / key)
+        os.close(os.open(volume / key, os.O_RDONLY))
+    made = agent.fuse_requests() - before
+
+    assert {op: n for op, n in made.items() if op in NO_REQUEST} == {"readlink": len(keys) + 1}
+
+
+def test_the_names_of_old_versions_and_removed_volumes_are_let_go(
+    agent: AgentProcess, manifests: Path
+) -> None:
+    """An update pins the new version's names and lets go of the old one's before it is
+    removed; a removed volume's names are let go of before its directory goes, and the kernel
+    then forgets its nodes."""
+    wait_for(lambda: pinned_names(agent) == PINNED)
+    inodes = agent.live_statistics()["fuse_tree"]["nodes"]
+    volume = agent.volume(POD_UID, "configmap", "config")
+
+    write_atomically(manifests / "configmap.yaml", configmap(a="2"))
+    wait_for(lambda: (volume / "a").read_text() == "2")
+    wait_for(lambda: pinned_names(agent) == PINNED, timeout_s=15)  # old one's after grace
+
+    (manifests / "pod.yaml").unlink()
+    wait_for(lambda: pinned_names(agent) == 0, timeout_s=15)
+    drop_caches()  # the kernel forgets what nobody holds: nothing of the pod's volumes stays
+    wait_for(lambda: agent.live_statistics()["fuse_tree"]["nodes"] < inodes, timeout_s=15)
+
+
+def test_a_version_too_large_to_warm_is_pinned_from_listings(
+    agent: AgentProcess, manifests: Path
+) -> None:
+    """A volume past the warming's bounds (`WARM_FILES`) is bound before the kernel holds its
+    names: the pin holder lists its directories (a READDIRPLUS request gives the kernel dozens
+    of entries) rather than asking a lookup of each name."""
+    wait_for(lambda: pinned_names(agent) == PINNED)
+    keys = WARM_FILES + 100
+    data = "".join(f"  k{i:05d}: v\n" for i in range(keys))
+    before = agent.fuse_requests()
+    (manifests / "big.yaml").write_text(
+        f"kind: ConfigMap\nmetadata: {{name: big, namespace: default}}\ndata:\n{data}"
+    )
+    (manifests / "pod-2.yaml").write_text(
+        "kind: Pod\nmetadata: {name: big, namespace: default, uid: " + BIG_UID + "}\n"
+        "spec: {containers: [{name: c}], volumes: [{name: big, configMap: {name: big}}]}\n"
+    )
+    wait_for(lambda: pinned_names(agent) == PINNED + 1 + 2 * keys, timeout_s=20)
+    made = agent.fuse_requests() - before  # the volume is made whole in memory: no request
+
+    assert made["readdir"] > 0
+    assert made["lookup"] < keys / 10, made
+
+
+BIG_UID = "11111111-2222-4333-8444-777777777777"

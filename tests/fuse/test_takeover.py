@@ -34,7 +34,7 @@ from tests.agent import (
     running_agent,
     wait_for,
 )
-from tests.manifests import POD_UID, configmap
+from tests.manifests import PINNED, POD_UID, configmap
 
 pytestmark = pytest.mark.skipif(not can_take_over(), reason="needs fusevol's patched pyfuse3")
 
@@ -119,6 +119,8 @@ def test_kill_9_of_the_agent_fails_no_read(manifests: Path, tmp_path: Path) -> N
                 # How long a read waited: its own duration (the gaps between reads also hold
                 # the reader's scheduling delays on a loaded machine).
                 pauses.append(longest_read(reader.records(), since=killed_at))
+            # the successor pins the names it took over (docs/fuse.md fact 17)
+            wait_for(lambda: agent.live_statistics()["publisher"]["pinned"] == PINNED)
             (manifests / "configmap.yaml").write_text(configmap(a="edited"))
             wait_for(lambda: reader.records()[-1][3:4] == ["edited"], timeout_s=10)
         finally:
