@@ -39,12 +39,16 @@ class HelperProcess:
         """Send `request`, return the answer; OSError(EIO) if the helper died. A caller that is
         cancelled in between must `kill` the helper: a half-read answer must never reach the
         next caller."""
-        await self._send.send_all((json.dumps(request) + "\n").encode())
-        while b"\n" not in self._buffer:
-            chunk = await self._receive.receive_some()
-            if not chunk:
-                raise OSError(errno.EIO, f"helper {self.module} {self.pid} died")
-            self._buffer += chunk
+        died = OSError(errno.EIO, f"helper {self.module} {self.pid} died")
+        try:
+            await self._send.send_all((json.dumps(request) + "\n").encode())
+            while b"\n" not in self._buffer:
+                chunk = await self._receive.receive_some()
+                if not chunk:
+                    raise died
+                self._buffer += chunk
+        except trio.BrokenResourceError as exc:  # its end of a pipe closed before we wrote
+            raise died from exc
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 
