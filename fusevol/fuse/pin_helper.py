@@ -51,50 +51,64 @@ class Holder:
             with contextlib.suppress(ValueError, OSError):
                 resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
             soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        self.limit = limit if soft == resource.RLIM_INFINITY else min(limit, soft - _SPARE_FDS)
-        self._volumes: dict[str, dict[str, int]] = {}
+        if soft != resource.RLIM_INFINITY:
+            limit = max(0, min(limit, soft - _SPARE_FDS))
+        self.limit = limit
+        self._volumes: dict[str, dict[str, dict[str, int]]] = {}
+        """root -> the first component of each held name (a link, `..data`, a version) -> the
+        names held below it, each with its descriptor: a version is let go of in one step."""
         self.held = 0
 
     def pin(self, root: str, names: list[str], listed: bool = False) -> None:
         """Hold each of `names`; `listed` lists each directory that holds one first, so that the
         kernel has their entries from a few READDIRPLUS requests, not a lookup each (a version
         that was not warmed)."""
-        if listed:
+        if listed and self.held < self.limit:
             for directory in sorted({os.path.dirname(name) for name in names}):
                 with contextlib.suppress(OSError):
                     os.listdir(os.path.join(root, directory))
-        held = self._volumes.setdefault(root, {})
+        volume = self._volumes.setdefault(root, {})
         for name in names:
-            previous = held.pop(name, None)
+            group = volume.setdefault(name.split("/", 1)[0], {})
+            previous = group.pop(name, None)
             if previous is not None:
                 os.close(previous)
                 self.held -= 1
             if self.held >= self.limit:
                 continue
             try:
-                held[name] = os.open(os.path.join(root, name), _FLAGS)
+                group[name] = os.open(os.path.join(root, name), _FLAGS)
             except OSError:
                 continue
             self.held += 1
-        if not held:
-            del self._volumes[root]
+        self._tidy(root)
 
     def unpin(self, root: str, names: list[str]) -> None:
-        held = self._volumes.get(root)
-        if not held:
-            return
-        prefixes = tuple(name + "/" for name in names)
-        wanted = set(names)
-        for name in [n for n in held if n in wanted or n.startswith(prefixes)]:
-            os.close(held.pop(name))
-            self.held -= 1
-        if not held:
-            del self._volumes[root]
+        """Let go of each of `names` and of everything below it."""
+        volume = self._volumes.get(root, {})
+        for name in names:
+            first = name.split("/", 1)[0]
+            group = volume.get(first, {})
+            below = name + "/"
+            for each in [n for n in group if name == first or n == name or n.startswith(below)]:
+                os.close(group.pop(each))
+                self.held -= 1
+        self._tidy(root)
 
     def drop(self, root: str) -> None:
-        for fd in self._volumes.pop(root, {}).values():
-            os.close(fd)
-            self.held -= 1
+        for group in self._volumes.pop(root, {}).values():
+            for fd in group.values():
+                os.close(fd)
+                self.held -= 1
+
+    def _tidy(self, root: str) -> None:
+        volume = self._volumes.get(root)
+        if volume is None:
+            return
+        for first in [first for first, group in volume.items() if not group]:
+            del volume[first]
+        if not volume:
+            del self._volumes[root]
 
     def apply(self, ops: list[list[Any]]) -> None:
         for op, root, *names in ops:

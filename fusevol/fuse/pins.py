@@ -50,17 +50,18 @@ class Pins:
         if self._working and names:
             self._send.send_nowait(_Op(["pin", root, names, listed]))
 
-    def unpin(self, root: str, names: list[str]) -> None:
-        """Let go of `names` and of everything below each. Returns at once."""
-        if self._working and names:
-            self._send.send_nowait(_Op(["unpin", root, names]))
+    def unpin(self, root: str, names: list[str] | None = None) -> None:
+        """Let go of `names` and of everything below each (None: of everything under `root`).
+        Returns at once."""
+        if self._working and names != []:
+            self._send.send_nowait(_Op(_release(root, names)))
 
     async def released(self, root: str, names: list[str] | None = None) -> None:
         """Let go of `names` and of everything below each (None: of everything under `root`),
         and return once the holder has: the kernel may then forget them when they are removed."""
         if not self._working:
             return
-        op = _Op(["drop", root] if names is None else ["unpin", root, names], trio.Event())
+        op = _Op(_release(root, names), trio.Event())
         self._send.send_nowait(op)
         assert op.done is not None
         await op.done.wait()
@@ -68,12 +69,16 @@ class Pins:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Start the holder (from the trio thread: its parent for PR_SET_PDEATHSIG) and apply
         what is asked, in order, until cancelled; then kill it, which lets go of everything."""
+        task_status.started()
         if not self._working:
-            task_status.started()
             return
-        helper = HelperProcess("fusevol.fuse.pin_helper")
         try:
-            task_status.started()
+            helper = HelperProcess("fusevol.fuse.pin_helper")
+        except OSError as exc:
+            log.warning("pin holder not started, cold reads look names up again error=%s", exc)
+            self._stop()
+            return
+        try:
             _, limit = cast("list[Any]", await helper.call(["limit", self._limit]))
             if limit < self._limit:
                 log.info("pinned names bounded by open files limit=%d asked=%d", limit, self._limit)
@@ -95,16 +100,24 @@ class Pins:
         except OSError as exc:
             log.warning("pin holder failed, cold reads look names up again error=%s", exc)
         finally:
-            self._working = False
-            self.held = 0
+            self._stop()
             helper.kill()
             # Reaped aside: a holder killed mid-lookup dies once the trio thread answered it.
             with trio.CancelScope(shield=True), trio.move_on_after(_REAP_S):
                 await trio.to_thread.run_sync(helper.wait, abandon_on_cancel=True)
-            while True:  # nobody waits for what will not be done
-                try:
-                    op = self._receive.receive_nowait()
-                except trio.WouldBlock:
-                    break
-                if op.done is not None:
-                    op.done.set()
+
+    def _stop(self) -> None:
+        """Pin nothing from now on, and keep nobody waiting for what will not be done."""
+        self._working = False
+        self.held = 0
+        while True:
+            try:
+                op = self._receive.receive_nowait()
+            except trio.WouldBlock:
+                break
+            if op.done is not None:
+                op.done.set()
+
+
+def _release(root: str, names: list[str] | None) -> list[Any]:
+    return ["drop", root] if names is None else ["unpin", root, names]

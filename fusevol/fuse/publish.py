@@ -85,8 +85,8 @@ WARM_BYTES = 16 << 20
 """A version is warmed (`_warm`) up to these: beyond, its first reads ask the agent, as before,
 and a tenant's 50,000 keys cost no listing of them before the switch."""
 PIN_NAMES = 10_000
-"""Names of one version pinned at most (`Pins`): a tenant's 50,000 keys take no more of the
-node's bound than this."""
+"""A volume of more names than this (its links, `..data` and its version's files) is not pinned
+(`Pins`): a tenant's 50,000 keys take none of the node's bound."""
 _TURN = 256
 """Top-level links made or removed in one helper call (`_in_turns`): some 50 ms."""
 
@@ -132,6 +132,9 @@ class Publisher:
         self._leftovers: list[tuple[str, Path]] = []
         self._last_name = b"-"
         self._routes: dict[bytes, Path] = {}
+        self._removing: set[bytes] = set()
+        """Volumes whose pins are let go of, or gone, before their directory is removed: none
+        may be pinned again (a CSI volume's warming ends meanwhile)."""
 
     def adopt(self) -> None:
         """Take the volumes of a restored tree (a predecessor's, `fusevol.fuse.snapshot`) as
@@ -191,8 +194,11 @@ class Publisher:
         """Make the VFS operations on `volume` through `through`, until it is removed: an audited
         volume's go through the audit file system, which passes them on to the agent's mount, so
         that the kernel updates its caches and inotify watchers of the audited volume see
-        kubelet's events (`fusevol.fuse.audit`)."""
+        kubelet's events (`fusevol.fuse.audit`). Its pins, if a predecessor's volume was
+        pinned as it was taken over, are let go of: its readers go through the audit file
+        system's own entries."""
         self._routes[volume] = through
+        self._pins.unpin(str(self.path(volume)))
 
     def routed(self, volume: bytes) -> bool:
         return volume in self._routes
@@ -212,8 +218,9 @@ class Publisher:
         self._routes.pop(volume, None)
         if self._tree.child(self._tree.root, volume) is None:
             return
-        await self._pins.released(str(self.path(volume)))  # else the kernel keeps its nodes
+        self._removing.add(volume)
         try:
+            await self._pins.released(str(self.path(volume)))  # else the kernel keeps its nodes
             await self._vfs("rmdir", through)
         except FileNotFoundError:
             if self._tree.child(self._tree.root, volume) is not None:
@@ -222,6 +229,8 @@ class Publisher:
                 log.warning(
                     "volume directory not found through the mount path=%s", self.path(volume)
                 )
+        finally:
+            self._removing.discard(volume)
 
     async def publish(
         self,
@@ -281,8 +290,8 @@ class Publisher:
         links = [os.fsdecode(n) for n in sorted(missing)]
         if current is not None and _holds(current, payload, gid, dir_mode):  # (4)
             await self._in_turns("links", root, links)  # (10)
-            if volume not in self._routes:
-                self._pins.pin(str(self.path(volume)), links)
+            if links:
+                self._pin(volume)
             return False
 
         name = self._unused_name(volume_dir)
@@ -305,7 +314,7 @@ class Publisher:
         if not alone:
             await self._in_turns("links", root, links[_TURN:])  # (10)
             await self._in_turns("unlinks", root, unlinks)  # (11)
-        self._pin(volume, name, links, listed=pages is None)
+        self._pin(volume, listed=pages is None)
         self._pins.unpin(str(self.path(volume)), unlinks)
         self._publishes += 1
         if old is not None:  # (12)
@@ -399,38 +408,31 @@ class Publisher:
             self._warming_later -= 1
         self._pin(volume, listed=not warmed)
 
-    def _pin(
-        self,
-        volume: bytes,
-        version: bytes | None = None,
-        links: list[str] | None = None,
-        *,
-        listed: bool = False,
-    ) -> None:
-        """Have the pin holder keep `..data`, the volume's current version's files and its
-        top-level links (only `links` with `version`: the links that version added), up to
-        `PIN_NAMES`; `listed`: the version was not warmed (`Pins.pin`). An audited volume is
-        not pinned: its readers go through the audit file system, whose entries are its own."""
+    def _pin(self, volume: bytes, *, listed: bool = False) -> None:
+        """Have the pin holder keep the volume's `..data`, its top-level links and its current
+        version's files, all of them anew (a name held already costs no request), or, past
+        `PIN_NAMES`, none; `listed`: the version was not warmed (`Pins.pin`). An audited volume
+        is not pinned: its readers go through the audit file system's own entries."""
         directory = self._tree.child(self._tree.root, volume)
-        if directory is None or volume in self._routes:
+        if directory is None or volume in self._routes or volume in self._removing:
             return
-        if version is None:
-            version = self._current(directory)
-            if version is None:
-                return
+        version = self._current(directory)
+        node = None if version is None else self._tree.child(directory, version)
+        if node is None or version is None or directory.children is None:
+            return
+        root = str(self.path(volume))
+        if len(directory.children) <= PIN_NAMES:
             links = [
-                os.fsdecode(n)
-                for n, node in (directory.children or {}).items()
-                if not n.startswith(b"..") and not node.is_dir
+                os.fsdecode(name)
+                for name, child in directory.children.items()
+                if not name.startswith(b"..") and not child.is_dir
             ]
-        node = self._tree.child(directory, version)
-        if node is None:
-            return
-        names = itertools.chain(
-            (os.fsdecode(DATA),), links or (), _files(node, os.fsdecode(version))
-        )
-        pinned = list(itertools.islice(names, PIN_NAMES))
-        self._pins.pin(str(self.path(volume)), pinned, listed=listed)
+            files = itertools.islice(_files(node, os.fsdecode(version)), PIN_NAMES)
+            names = [os.fsdecode(DATA), *links, *files]
+            if len(names) <= PIN_NAMES:
+                self._pins.pin(root, names, listed=listed)
+                return
+        self._pins.unpin(root)  # grown past the bound: it holds none
 
     async def _store(self, pages: list[tuple[int, bytes]]) -> None:
         assert self._store_pages is not None

@@ -36,7 +36,12 @@ def volume(tmp_path: Path) -> str:
 
 def held_paths(holder: Holder) -> set[str]:
     """What the holder's descriptors are open on, by path (a link itself, not its target)."""
-    fds = [fd for names in holder._volumes.values() for fd in names.values()]
+    fds = [
+        fd
+        for groups in holder._volumes.values()
+        for names in groups.values()
+        for fd in names.values()
+    ]
     assert len(fds) == holder.held
     return {os.readlink(f"/proc/self/fd/{fd}") for fd in fds}
 
@@ -51,6 +56,9 @@ def test_a_name_is_held_once_and_a_version_is_let_go_of_whole(tmp_path: Path) ->
         f"{root}/{n}" for n in ("..data", "a", "d", "..v1/a", "..v1/d/b", "..v10/a")
     }
 
+    holder.unpin(root, ["..v1/d"])  # a directory of a version, and what is below it
+    assert held_paths(holder) == {f"{root}/{n}" for n in ("..data", "a", "d", "..v1/a", "..v10/a")}
+    holder.pin(root, ["..v1/d/b"])
     holder.unpin(root, ["..v1"])  # not ..v10, whose name begins alike
     assert holder.held == 4
     assert held_paths(holder) == {f"{root}/{n}" for n in ("..data", "a", "d", "..v10/a")}
@@ -64,7 +72,7 @@ def test_a_link_is_held_itself_not_what_it_names(tmp_path: Path) -> None:
     root = volume(tmp_path)
     holder = Holder(10)
     holder.pin(root, ["a"])
-    fd = holder._volumes[root]["a"]
+    fd = holder._volumes[root]["a"]["a"]
     assert os.readlink(f"/proc/self/fd/{fd}") == f"{root}/a"
     assert os.readlink("", dir_fd=fd) == "..data/a"  # an O_PATH descriptor of the link
     holder.drop(root)

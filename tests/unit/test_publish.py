@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING
 import pytest
 import trio
 
+from fusevol.fuse import publish
+from fusevol.fuse.pins import Pins
 from fusevol.fuse.publish import Publisher, VolumeDir, _holds
 from fusevol.fuse.tree import Tree
 from fusevol.model import FileProjection
@@ -100,3 +102,56 @@ def test_a_version_holds_a_payload_only_if_built_from_the_same(
     version = tree.build_version(PAYLOAD, dir_mode=0o2755, gid=2000)
     gid, dir_mode = group_and_mode
     assert _holds(version, payload, gid, dir_mode) is holds
+
+
+class AskedPins(Pins):
+    """Pins that record what the publisher asks, in order, and hold nothing."""
+
+    def __init__(self) -> None:
+        super().__init__(0)
+        self.asked: list[tuple[str, list[str] | None]] = []
+
+    def pin(self, root: str, names: list[str], *, listed: bool = False) -> None:
+        self.asked.append(("pin", sorted(names)))
+
+    def unpin(self, root: str, names: list[str] | None = None) -> None:
+        self.asked.append(("unpin", names))
+
+    async def released(self, root: str, names: list[str] | None = None) -> None:
+        self.asked.append(("released", names))
+
+
+def test_a_new_volume_is_pinned_whole_and_a_too_large_one_not_at_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pins = AskedPins()
+    publisher = Publisher(Tree(), mountpoint=Path("/nonexistent"), grace_s=1, pins=pins)
+    trio.run(lambda: publisher.publish(VOL, PAYLOAD, new=VolumeDir(0o777)))
+    version = publisher.current_version(VOL)
+    assert version is not None
+    files = [f"{version.decode()}/{path}" for path in PAYLOAD]
+    assert pins.asked == [("pin", sorted(["..data", "a.conf", "dir", *files]))]
+
+    monkeypatch.setattr(publish, "PIN_NAMES", len(PAYLOAD) + 2)  # `..data`, 2 links, 3 files
+    pins.asked.clear()
+    trio.run(lambda: publisher.publish(b"other", PAYLOAD, new=VolumeDir(0o777)))
+    assert pins.asked == [("unpin", None)]  # none held, none asked
+
+
+def test_a_volume_being_removed_is_not_pinned_again() -> None:
+    """A CSI volume's warming may end, and ask for its pins, while its removal waits for a
+    helper after its pins were let go of: nothing is pinned after the release."""
+    tree = Tree()
+    pins = AskedPins()
+    publisher = Publisher(tree, mountpoint=Path("/nonexistent"), grace_s=1, pins=pins)
+    trio.run(lambda: publisher.publish(VOL, PAYLOAD, new=VolumeDir(0o777)))
+
+    async def rmdir_after_the_warming_ended(op: str, *args: object) -> None:
+        assert op == "rmdir"
+        publisher._pin(VOL)  # the warming's end, meanwhile
+        tree.rmdir(tree.root.inode, VOL)
+
+    publisher._vfs = rmdir_after_the_warming_ended  # type: ignore[method-assign]
+    pins.asked.clear()
+    trio.run(publisher.remove_volume, VOL)
+    assert pins.asked == [("released", None)]
