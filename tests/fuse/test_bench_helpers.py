@@ -31,3 +31,13 @@ def test_bench_helpers_read_the_agent_not_the_launcher(agent: AgentProcess) -> N
     assert int(bench.proc_status(pid)["Threads"]) > int(bench.proc_status(launcher)["Threads"])
     assert launcher not in bench.helper_pids(agent)
     assert all(int(bench.proc_status(h)["PPid"]) == pid for h in bench.helper_pids(agent))
+
+
+def test_cold_throughput_counts_clients_that_ran_in_turn_as_serial() -> None:
+    from bench.cold_throughput import keys_per_second
+
+    # Four clients of 500 keys, 2 ms each: one after another on the CPUs, or all at once.
+    in_turn = [(0.000, 0.002), (0.002, 0.004), (0.004, 0.006), (0.006, 0.008)]
+    together = [(0.000, 0.002)] * 4
+    assert keys_per_second(2000, in_turn) == 2000 / 0.008
+    assert keys_per_second(2000, together) == 2000 / 0.002
