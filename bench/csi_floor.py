@@ -1,0 +1,80 @@
+"""The floor of a CSI volume's set-up: a node plugin that does nothing but what every one must,
+the baseline of `bench/csi_publish.py`.
+
+kubelet sets a CSI volume up through three calls, each on a new connection (two
+NodeGetCapabilities, then NodePublishVolume), and the driver must at least make the target and
+bind something on it. This server does exactly that and nothing else: bare grpcio, as fusevol's
+CSI server, the same Node capabilities as fusevol.io, and NodePublishVolume a read-only bind of
+one directory (`fusevol.mount.syscalls.bind`, what fusevol's mount helper does, less making the
+bind shared), answered in the gRPC thread. What a converted volume costs beyond it is fusevol's
+own work; on the cluster kit the same floor (a host process registered as a second driver) set
+a pod's 4 volumes up in a median of 112 ms, against 110 ms with kubelet's own volumes and
+122 ms through fusevol.
+
+    .venv/bin/python bench/csi_floor.py SOCKET SOURCE     (root: binds; serves until killed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import grpc
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from fusevol.csi import csi_pb2 as pb
+from fusevol.csi.registration import unary
+from fusevol.mount import syscalls
+
+
+def serve(socket: Path, source: Path) -> grpc.Server:
+    """The floor's server on `socket`, started; its publishes bind `source`."""
+
+    def capabilities(
+        request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+    ) -> pb.NodeGetCapabilitiesResponse:
+        rpc = pb.NodeServiceCapability.RPC(type=pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP)
+        return pb.NodeGetCapabilitiesResponse(capabilities=[pb.NodeServiceCapability(rpc=rpc)])
+
+    def publish(
+        request: pb.NodePublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.NodePublishVolumeResponse:
+        syscalls.bind(str(source), request.target_path, True, False, 0o750, None)
+        return pb.NodePublishVolumeResponse()
+
+    def unpublish(
+        request: pb.NodeUnpublishVolumeRequest, context: grpc.ServicerContext
+    ) -> pb.NodeUnpublishVolumeResponse:
+        with contextlib.suppress(OSError):  # EINVAL: no mount (left) there
+            while True:
+                syscalls.umount2(request.target_path, 0)
+        with contextlib.suppress(FileNotFoundError):
+            os.rmdir(request.target_path)
+        return pb.NodeUnpublishVolumeResponse()
+
+    node = {
+        "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, capabilities),
+        "NodePublishVolume": unary(pb.NodePublishVolumeRequest, publish),
+        "NodeUnpublishVolume": unary(pb.NodeUnpublishVolumeRequest, unpublish),
+    }
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=64),
+        handlers=[grpc.method_handlers_generic_handler("csi.v1.Node", node)],
+    )
+    server.add_insecure_port(f"unix://{socket}")
+    server.start()
+    return server
+
+
+def main() -> None:
+    socket, source = Path(sys.argv[1]), Path(sys.argv[2])
+    socket.parent.mkdir(parents=True, exist_ok=True)
+    serve(socket, source).wait_for_termination()
+
+
+if __name__ == "__main__":
+    main()
