@@ -7,9 +7,9 @@ bind something on it. This server does exactly that and nothing else: bare grpci
 CSI server, the same Node capabilities as fusevol.io, and NodePublishVolume a read-only bind of
 one directory (`fusevol.mount.syscalls.bind`, what fusevol's mount helper does, less making the
 bind shared), answered in the gRPC thread. What a converted volume costs beyond it is fusevol's
-own work; on the cluster kit the same floor (a host process registered as a second driver) set
-a pod's 4 volumes up in a median of 112 ms, against 110 ms with kubelet's own volumes and
-122 ms through fusevol.
+own work. On the cluster kit the same floor (a host process registered as a second driver) set
+a pod's 4 volumes up in a median of 113 ms, against 110 ms with kubelet's own volumes and
+121 ms through fusevol (kubelet's volume step, 10 lone pods each).
 
     .venv/bin/python bench/csi_floor.py SOCKET SOURCE     (root: binds; serves until killed)
 """

@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench import AGENT_ARGS, percentile, tmpfs
 from fusevol.model import FileProjection
 from tests import kubelet_reference
-from tests.agent import NODE, running_agent
+from tests.agent import NODE, mounts_below, running_agent
 from tests.csi.kubelet import DRIVER, Kubelet
 from tests.helpers.apiserver import running_apiserver
 
@@ -126,8 +126,9 @@ def _per_pod(calls: list[tuple[Any, str]], seconds: list[float]) -> list[float]:
 
 
 @contextlib.contextmanager
-def _floor(base: Path) -> Iterator[Path]:
-    """The floor (`bench/csi_floor.py`) serving on a socket in `base`, for the block."""
+def _floor(base: Path, targets: Path) -> Iterator[Path]:
+    """The floor (`bench/csi_floor.py`) serving on a socket in `base`, for the block; what it
+    left mounted below `targets` (a run cut short) is unmounted after."""
     source = base / "floor-source"
     source.mkdir()
     socket = base / "floor-plugin" / "csi.sock"
@@ -142,6 +143,8 @@ def _floor(base: Path) -> Iterator[Path]:
     finally:
         floor.terminate()
         floor.wait()
+        for target in reversed(mounts_below(targets)):
+            subprocess.run(["umount", "-l", target], check=False)
 
 
 def measure(*, singles: int, bursts: int) -> Latencies:
@@ -163,7 +166,7 @@ def measure(*, singles: int, bursts: int) -> Latencies:
         with (
             tmpfs(base / "tmpfs") as written,
             running_agent(None, base / "root", *args, *AGENT_ARGS) as agent,
-            _floor(base) as floor_socket,
+            _floor(base, floor_dir) as floor_socket,
             concurrent.futures.ThreadPoolExecutor(80) as threads,
         ):
             kubelet = Kubelet(kubelet_dir, socket, NODE)
