@@ -4,12 +4,13 @@ the baseline of `bench/csi_publish.py`.
 kubelet sets a CSI volume up through three calls, each on a new connection (two
 NodeGetCapabilities, then NodePublishVolume), and the driver must at least make the target and
 bind something on it. This server does exactly that and nothing else: bare grpcio, as fusevol's
-CSI server, the same Node capabilities as fusevol.io, and NodePublishVolume a read-only bind of
-one directory (`fusevol.mount.syscalls.bind`, what fusevol's mount helper does, less making the
-bind shared), answered in the gRPC thread. What a converted volume costs beyond it is fusevol's
-own work. On the cluster kit the same floor (a host process registered as a second driver) set
-a pod's 4 volumes up in a median of 113 ms, against 110 ms with kubelet's own volumes and
-121 ms through fusevol (kubelet's volume step, 10 lone pods each).
+CSI server, fusevol.io's own Node capabilities (`fusevol.csi.server.node_capabilities`), and
+NodePublishVolume a read-only bind of one directory (`fusevol.mount.syscalls.bind`, what
+fusevol's mount helper does, less making the bind shared), answered in the gRPC thread. What a
+converted volume costs beyond it is fusevol's own work. On the cluster kit the same floor (a
+host process registered as a second driver) set a pod's 4 volumes up in a median of 113 ms,
+against 110 ms with kubelet's own volumes and 121 ms through fusevol (kubelet's volume step,
+10 lone pods each).
 
     .venv/bin/python bench/csi_floor.py SOCKET SOURCE     (root: binds; serves until killed)
 """
@@ -28,17 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fusevol.csi import csi_pb2 as pb
 from fusevol.csi.registration import unary
+from fusevol.csi.server import node_capabilities
 from fusevol.mount import syscalls
 
 
 def serve(socket: Path, source: Path) -> grpc.Server:
     """The floor's server on `socket`, started; its publishes bind `source`."""
-
-    def capabilities(
-        request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> pb.NodeGetCapabilitiesResponse:
-        rpc = pb.NodeServiceCapability.RPC(type=pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP)
-        return pb.NodeGetCapabilitiesResponse(capabilities=[pb.NodeServiceCapability(rpc=rpc)])
 
     def publish(
         request: pb.NodePublishVolumeRequest, context: grpc.ServicerContext
@@ -57,7 +53,7 @@ def serve(socket: Path, source: Path) -> grpc.Server:
         return pb.NodeUnpublishVolumeResponse()
 
     node = {
-        "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, capabilities),
+        "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, node_capabilities),
         "NodePublishVolume": unary(pb.NodePublishVolumeRequest, publish),
         "NodeUnpublishVolume": unary(pb.NodeUnpublishVolumeRequest, unpublish),
     }

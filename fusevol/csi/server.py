@@ -75,6 +75,14 @@ def socket_path(endpoint: str) -> Path:
     return Path(path)
 
 
+def node_capabilities(
+    request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
+) -> pb.NodeGetCapabilitiesResponse:
+    """NodeGetCapabilities: VOLUME_MOUNT_GROUP, nothing else (module docstring)."""
+    rpc = pb.NodeServiceCapability.RPC(type=pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP)
+    return pb.NodeGetCapabilitiesResponse(capabilities=[pb.NodeServiceCapability(rpc=rpc)])
+
+
 class CsiServer:
     def __init__(
         self,
@@ -167,7 +175,7 @@ class CsiServer:
         }
         node = {
             "NodeGetInfo": unary(pb.NodeGetInfoRequest, self._node_get_info),
-            "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, self._node_capabilities),
+            "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, node_capabilities),
             "NodePublishVolume": unary(
                 pb.NodePublishVolumeRequest,
                 self._or_successor(publish, self._publish, pb.NodePublishVolumeResponse),
@@ -205,12 +213,6 @@ class CsiServer:
         self, request: pb.NodeGetInfoRequest, context: grpc.ServicerContext
     ) -> pb.NodeGetInfoResponse:
         return pb.NodeGetInfoResponse(node_id=self.node.node_name)
-
-    def _node_capabilities(
-        self, request: pb.NodeGetCapabilitiesRequest, context: grpc.ServicerContext
-    ) -> pb.NodeGetCapabilitiesResponse:
-        rpc = pb.NodeServiceCapability.RPC(type=pb.NodeServiceCapability.RPC.VOLUME_MOUNT_GROUP)
-        return pb.NodeGetCapabilitiesResponse(capabilities=[pb.NodeServiceCapability(rpc=rpc)])
 
     def _publish(
         self, request: pb.NodePublishVolumeRequest, context: grpc.ServicerContext
