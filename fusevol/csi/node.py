@@ -2,8 +2,9 @@
 targets again after a restart. The gRPC side (`fusevol.csi.server`) calls in from its threads.
 
 The reconciler stays the one place where volumes are set up and torn down. A publish:
-    1. checks the request (`attributes.parse`: attributes, target, handle) and that its pod is a
-       pod of this node the source knows (`pods`: same namespace, name, uid and service account,
+    1. checks the request (`attributes.parse`: attributes, target, handle; in the gRPC thread
+       that received it, before the call reaches the loop) and that its pod is a pod of this
+       node the source knows (`pods`: same namespace, name, uid and service account,
        with a `csi:` volume of that name), waiting up to POD_WAIT_S for the source to see it;
     2. refuses a handle already published with other attributes or at another target, and a
        target already published under another handle (ALREADY_EXISTS);
@@ -157,17 +158,9 @@ class CsiNode:
 
     # -- the CSI calls -----------------------------------------------------------------------------
 
-    async def publish(
-        self, *, volume_id: str, target_path: str, context: dict[str, str], mount_group: str
-    ) -> None:
-        """NodePublishVolume (module docstring); CsiError on failure."""
-        publication = parse(  # (1)
-            volume_id=volume_id,
-            target_path=target_path,
-            context=context,
-            volume_mount_group=mount_group,
-            kubelet_dir=self.kubelet_dir,
-        )
+    async def publish(self, publication: Publication) -> None:
+        """NodePublishVolume of a checked request (module docstring); CsiError on failure."""
+        volume_id = publication.volume_id
         async with self._locks[volume_id]:
             try:
                 pod = await self._publish(publication)
@@ -180,7 +173,7 @@ class CsiNode:
             volume_id,
             pod.namespace,
             pod.name,
-            target_path,
+            publication.target,
         )
 
     async def _publish(self, publication: Publication) -> Pod:

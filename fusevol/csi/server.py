@@ -33,7 +33,7 @@ import stat
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import grpc
 import inotify_simple
@@ -44,7 +44,7 @@ from fusevol import __version__
 from fusevol.base.errors import FusevolError
 from fusevol.base.fsutil import unlink_if_same
 from fusevol.csi import csi_pb2 as pb
-from fusevol.csi.attributes import DRIVER, CsiError
+from fusevol.csi.attributes import DRIVER, CsiError, parse
 from fusevol.csi.registration import Registration, listen_in_place, unary
 
 if TYPE_CHECKING:
@@ -226,13 +226,21 @@ class CsiServer:
                 f"volume_capability: {DRIVER} volumes are file systems (mount), not block devices",
             )
 
-        async def publish() -> None:
-            await self.node.publish(
+        try:
+            # Checked here, in gRPC's thread: the realpaths of its target are system calls, which
+            # the trio thread, busy with the other publishes of a burst, need not make.
+            publication = parse(
                 volume_id=request.volume_id,
                 target_path=request.target_path,
                 context=dict(request.volume_context),
-                mount_group=capability.mount.volume_mount_group,
+                volume_mount_group=capability.mount.volume_mount_group,
+                kubelet_dir=self.node.kubelet_dir,
             )
+        except CsiError as exc:
+            _refuse(context, exc)
+
+        async def publish() -> None:
+            await self.node.publish(publication)
 
         self._in_trio(context, publish, forwardable=True)
         return pb.NodePublishVolumeResponse()
@@ -260,8 +268,7 @@ class CsiServer:
                 return trio.from_thread.run(self._interruptible, fn, trio_token=self._token)
             return trio.from_thread.run(fn, trio_token=self._token)
         except CsiError as exc:
-            log.info("csi call refused code=%s error=%s", exc.code.value, exc)
-            context.abort(grpc.StatusCode[exc.code.value], str(exc))
+            _refuse(context, exc)
         except (trio.RunFinishedError, trio.Cancelled, _Interrupted):
             if forwardable and self._forwarding.is_set():
                 raise _Interrupted from None
@@ -330,6 +337,13 @@ class CsiServer:
 
 class _Interrupted(Exception):
     """A Node call our handing-over stop cancelled: the successor answers it instead."""
+
+
+def _refuse(context: grpc.ServicerContext, exc: CsiError) -> NoReturn:
+    """Answer the call with `exc`'s gRPC status (`context.abort` raises)."""
+    log.info("csi call refused code=%s error=%s", exc.code.value, exc)
+    context.abort(grpc.StatusCode[exc.code.value], str(exc))
+    raise AssertionError("grpc's abort returned")  # it raises: this line only tells mypy
 
 
 def _check_socket_path(path: Path) -> None:
