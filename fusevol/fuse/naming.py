@@ -32,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import secrets
+import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -56,7 +58,28 @@ _READABLE_NAMES = b"R"
 def numbered(number: int) -> int:
     """The node id of the `number`th node made (2 and up): nobody can guess it, and it is above
     every id of a node made before."""
-    return number << _RANDOM_BITS | secrets.randbits(_RANDOM_BITS)
+    return number << _RANDOM_BITS | _random_bits()
+
+
+_POOLED = 256
+"""Random numbers drawn from the system at once (`_random_bits`)."""
+_pool: list[int] = []
+
+
+def _random_bits() -> int:
+    """`_RANDOM_BITS` bits of the system's CSPRNG (`secrets`), drawn `_POOLED` at a time. Each
+    draw is a getrandom(2), which lets go of the GIL: drawn one by one, every node the trio
+    thread made waited for any busy thread (gRPC's, a worker) to give the GIL back, 180 us a
+    node beside one busy thread against 0.7 us alone; drawn from the pool, 0.2 us either way."""
+    while True:
+        try:
+            return _pool.pop()
+        except IndexError:  # empty (another thread may have taken the last one meanwhile)
+            data = secrets.token_bytes(4 * _POOLED)
+            _pool.extend(n >> (32 - _RANDOM_BITS) for n in struct.unpack(f"<{_POOLED}I", data))
+
+
+os.register_at_fork(after_in_child=_pool.clear)  # a child draws its own
 
 
 def number_after(inode: int) -> int:

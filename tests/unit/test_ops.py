@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, cast
 import pyfuse3
 import pytest
 
+from fusevol.fuse import naming
 from fusevol.fuse.naming import SEQUENTIAL_LIMIT, ConnectionKey, numbered
 from fusevol.fuse.ops import Operations
 from fusevol.fuse.tree import ROOT_INODE, Tree
@@ -605,3 +606,11 @@ async def test_generations_are_keyed_for_random_node_ids_only(mount: Mount, tmp_
     again = ConnectionKey.for_connection(tmp_path / "key", fresh=False)
     assert again == key  # a successor that takes the connection over answers the same
     assert stat.S_IMODE((tmp_path / "key").stat().st_mode) == 0o600
+
+
+def test_node_ids_keep_their_number_above_random_bits_past_a_pool_refill() -> None:
+    ids = [numbered(n) for n in range(2, 2 + 3 * naming._POOLED)]  # the pool refilled twice
+    assert [i >> naming._RANDOM_BITS for i in ids] == list(range(2, 2 + 3 * naming._POOLED))
+    low = [i & ((1 << naming._RANDOM_BITS) - 1) for i in ids]
+    assert len(set(low)) > len(low) - 3  # 768 draws of 31 bits: a repeat is ~1 in 7,000
+    assert max(low) > 1 << (naming._RANDOM_BITS - 2)  # the high bits are drawn too
