@@ -16,9 +16,11 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        the pod's when the source reads as the pod, `--csi-read-as pod`) is PERMISSION_DENIED
        with the server's message (it names the object and the user), and kubelet's next retry
        asks again;
-    4. adds the `CsiVolume` to the desired state, has the reconciler start its set-up at once
-       (`Reconciler.set_up_now`: no pass over every volume), and records the volume (`state`)
-       before that set-up can take a step;
+    4. records the volume (`state`), so that a restarted agent serves it again: a record that
+       cannot be written (a full or read-only disk) refuses the publish, INTERNAL naming the
+       records' directory and the error, and the volume is forgotten again; then adds the
+       `CsiVolume` to the desired state and has the reconciler start its set-up at once
+       (`Reconciler.set_up_now`: no pass over every volume);
     5. waits until the volume is set up with its current inputs (`waiting`: or its operation
        failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
@@ -214,15 +216,23 @@ class CsiNode:
             raise CsiError(Code.UNAVAILABLE, str(exc)) from None
         if refusal:
             if known is None:
-                await self._forget(publication)
+                await self._forget(publication, recorded=False)
             raise CsiError(Code.PERMISSION_DENIED, f"{refusal}: publish refused")
         if not request_tokens:
             put_tokens(self._store, publication, pod)  # (3)
-        self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
-        self._set_up_now(name)
         if known is None:
             self._add(publication)
-            self._write(publication)  # no checkpoint since set_up_now: before the bind
+            try:
+                self._write(publication)  # (4)
+            except OSError as exc:
+                await self._forget(publication, recorded=False)
+                raise CsiError(
+                    Code.INTERNAL,
+                    f"volume {volume_id}: its record in {self._records} cannot be written: "
+                    f"{exc.strerror or exc}",
+                ) from None
+        self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
+        self._set_up_now(name)
         try:
             await self._waiter.wait_served(name)  # (5)
         except CsiError as exc:
@@ -337,7 +347,9 @@ class CsiNode:
         _, failures = self._failing.get(volume_id, (publication, 0))
         self._failing[volume_id] = (publication, failures + 1)
 
-    async def _forget(self, publication: Publication) -> None:
+    async def _forget(self, publication: Publication, *, recorded: bool = True) -> None:
+        """Drop a volume: from the desired state, the published, the tokens, the source's
+        tracking, and, if `recorded`, its record."""
         name = _unique_name(publication.volume_id)
         self._desired.delete_csi(name)
         gone = self._published.pop(publication.volume_id, None)
@@ -346,7 +358,12 @@ class CsiNode:
         pod = bare_pod(publication.pod)
         delete_tokens(self._store, publication, pod)
         await self._track(name, pod, None)
-        state.remove(self._records, publication.volume_id)  # on the trio thread: `_write`
+        if not recorded:
+            return
+        try:
+            state.remove(self._records, publication.volume_id)  # on the trio thread: `_write`
+        except OSError as exc:  # the volume goes all the same: the stale record is named
+            log.error("csi record not removed volume=%s error=%s", publication.volume_id, exc)
 
     def _add(self, publication: Publication) -> None:
         """Publish (or publish again): a target has one volume, a volume one target (`_publish`

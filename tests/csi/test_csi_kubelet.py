@@ -280,6 +280,47 @@ def test_a_missing_object_fails_then_appears_on_kubelets_retry(
         wait_for(lambda: agent.volume_status(UID, "config") == {})
 
 
+def test_a_record_that_cannot_be_written_refuses_the_publish_and_disturbs_nothing(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, tmp_path: Path
+) -> None:
+    """The agent's directory read-only (a full or read-only disk): the publish answers INTERNAL
+    naming the record and the error, sets nothing up, and kubelet's retry succeeds once the
+    record can be written; a volume published before keeps being served."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("config", configMap="app"), csi_volume("more", configMap="app")])
+    api.create(web)
+    records = tmp_path / "root" / "fusevol" / "csi"
+    with csi_agent() as (agent, kubelet):
+        config = kubelet.publish(web, "config")
+        records.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(records), str(records)], check=True)
+        try:
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(records)], check=True)
+            with pytest.raises(grpc.RpcError) as failed:
+                kubelet.publish(web, "more")
+            assert failed.value.code() == grpc.StatusCode.INTERNAL
+            details = str(failed.value.details())
+            handle = volume_handle(UID, "more")
+            assert details == (
+                f"volume {handle}: its record in {records} cannot be written: Read-only file system"
+            )
+            more = kubelet.target(web, "more")
+            assert not more.exists()  # nothing set up: kubelet removed its directory
+            assert mounts_below(kubelet_dir) == [str(config)]
+            assert agent.volume_status(UID, "more") == {}
+            assert (config / "a").read_text() == "1"
+        finally:
+            subprocess.run(["umount", str(records)], check=True)
+        kubelet.publish(web, "more")  # kubelet's retry
+        assert (more / "a").read_text() == "1"
+        targets = {r["volumeId"]: r["targetPath"] for r in recorded(tmp_path / "root")}
+        assert targets == {
+            volume_handle(UID, "config"): str(config),
+            volume_handle(UID, "more"): str(more),
+        }
+        assert "Traceback" not in agent.log_text()
+
+
 @pytest.mark.parametrize("layout", ["a file each", "one file of an earlier agent"])
 def test_a_restart_serves_every_published_target_again(
     api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, layout: str
