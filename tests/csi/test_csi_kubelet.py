@@ -284,8 +284,8 @@ def test_a_record_that_cannot_be_written_refuses_the_publish_and_disturbs_nothin
     api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, tmp_path: Path
 ) -> None:
     """The agent's directory read-only (a full or read-only disk): the publish answers INTERNAL
-    naming the record and the error, sets nothing up, and kubelet's retry succeeds once the
-    record can be written; a volume published before keeps being served."""
+    naming the records' directory and the error, sets nothing up, and kubelet's retry succeeds
+    once the record can be written; a volume published before keeps being served."""
     api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
     web = pod(volumes=[csi_volume("config", configMap="app"), csi_volume("more", configMap="app")])
     api.create(web)
