@@ -140,18 +140,19 @@ class Components:
             audited=self.audit.volumes,
             at_rest=self._tidy,
         )
+        self.populator = Populator(
+            store=self.store,
+            desired=self.desired,
+            provisioner=self.provisioner,
+            annotations=KubeletAnnotations(
+                ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
+                FirstSeen(path=layout.first_seen_file(root)),
+            ),
+            pod_volumes=settings.csi is None,  # CSI: what kubelet publishes, only
+        )
         self.reconciler = Reconciler(
             store=self.store,
-            populator=Populator(
-                store=self.store,
-                desired=self.desired,
-                provisioner=self.provisioner,
-                annotations=KubeletAnnotations(
-                    ConfigSource.API if settings.kube is not None else ConfigSource.FILE,
-                    FirstSeen(path=layout.first_seen_file(root)),
-                ),
-                pod_volumes=settings.csi is None,  # CSI: what kubelet publishes, only
-            ),
+            populator=self.populator,
             desired=self.desired,
             actual=self.actual,
             executor=self.executor,
@@ -217,6 +218,9 @@ class Components:
                     kick=self.reconciler.kick,
                     set_up_now=self.reconciler.set_up_now,
                     is_mount_point=self.backend.is_mount_point,
+                    resolve=self.populator.resolve_csi,
+                    adopt=self.reconciler.adopt,
+                    prepare=not settings.csi.read_as_pod,
                     track=built.csi_track,
                     source_name=built.name,
                     request_tokens=settings.csi.token_requests,

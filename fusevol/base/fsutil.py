@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
+import random
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -21,16 +21,26 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o600, fsync: bool = Fa
 
     Each call has a temporary file of its own, so that writers at once (threads, or two
     generations of the agent) never take each other's: the last rename wins. Which state that is
-    is the callers' to order (`fusevol.csi.node` has one writer at a time)."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode)
+    is the callers' to order (`fusevol.csi.node` has one writer at a time).
+
+    Four system calls when the directory exists (open, write, close, rename): a CSI publish
+    writes its record in gRPC's thread, where each one may wait for the GIL."""
+    tmp = path.with_name(f".{path.name}.{random.getrandbits(64):016x}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
+        fd = os.open(tmp, flags, mode)
+    except FileNotFoundError:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(tmp, flags, mode)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
             if fsync:
-                f.flush()
-                os.fsync(f.fileno())
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

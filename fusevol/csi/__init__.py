@@ -7,6 +7,7 @@ source) at that path, through its one reconciler, as it serves pod-spec volumes.
     csi.proto, csi_pb2.py(i)  the CSI v1 messages used (generated: see csi.proto's header)
     attributes.py             request -> what to serve, for whom, where; every check on its input
     node.py                   publish / unpublish / restore, in trio, through the reconciler
+    preparing.py              a pod's volumes made ready on its arrival: a publish is one bind
     pods.py                   which pod a request is for, as the source knows it
     tokens.py                 a volume's token projections: kubelet's tokens, or requested
     waiting.py                a publish's or unpublish's wait for the reconciler

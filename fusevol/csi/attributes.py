@@ -29,10 +29,12 @@ Excludes: whether the pod is one of this node's (`fusevol.csi.pods`), the gRPC c
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -41,13 +43,21 @@ import yaml
 
 from fusevol.base.errors import FusevolError, ManifestError
 from fusevol.decode.reader import MAX_DATA_BYTES, Reader
-from fusevol.decode.volume_sources import parse_volumes
-from fusevol.model import InvalidVolumeSource, Pod, PodUID, Volume, VolumeName, VolumeSource
+from fusevol.decode.volume_sources import CSI_DRIVER, parse_volumes
+from fusevol.model import (
+    InvalidVolumeSource,
+    Pod,
+    PodUID,
+    UniqueVolumeName,
+    Volume,
+    VolumeName,
+    VolumeSource,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-DRIVER = "fusevol.io"
+DRIVER = CSI_DRIVER
 POD_NAME = "csi.storage.k8s.io/pod.name"
 POD_NAMESPACE = "csi.storage.k8s.io/pod.namespace"
 POD_UID = "csi.storage.k8s.io/pod.uid"
@@ -83,6 +93,7 @@ class Code(enum.Enum):
     FAILED_PRECONDITION = "FAILED_PRECONDITION"
     UNAVAILABLE = "UNAVAILABLE"
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"
+    ABORTED = "ABORTED"
     INTERNAL = "INTERNAL"
 
 
@@ -126,10 +137,13 @@ def parse(
     context: Mapping[str, str],
     volume_mount_group: str,
     kubelet_dir: Path,
+    made: bool = True,
 ) -> Publication:
-    """Check a NodePublishVolume request and say what it asks for (module docstring)."""
+    """Check a NodePublishVolume request and say what it asks for (module docstring). Not
+    `made`: the request kubelet is yet to make, whose target's parent it has yet to make
+    (`fusevol.csi.preparing`)."""
     pod = _pod_identity(context)
-    volume_name = _check_target(target_path, pod.uid, kubelet_dir)
+    volume_name = _check_target(target_path, pod.uid, kubelet_dir, made=made)
     expected = volume_handle(pod.uid, volume_name)
     if volume_id != expected:
         raise CsiError(
@@ -193,9 +207,19 @@ def _pod_identity(context: Mapping[str, str]) -> PodIdentity:
     )
 
 
-def _check_target(target_path: str, uid: str, kubelet_dir: Path) -> str:
-    """The pod volume name, if `target_path` is kubelet's target of a CSI volume of pod `uid`."""
-    pods = os.path.realpath(kubelet_dir / "pods")
+def target(kubelet_dir: Path, uid: str, volume_name: str) -> Path:
+    """kubelet's target path of CSI volume `volume_name` of pod `uid`."""
+    return kubelet_dir / "pods" / uid / "volumes" / "kubernetes.io~csi" / volume_name / "mount"
+
+
+def unique_name(volume_id: str) -> UniqueVolumeName:
+    """kubelet's unique name of a CSI volume: `kubernetes.io/csi/<driver>^<handle>`."""
+    return UniqueVolumeName(f"kubernetes.io/csi/{DRIVER}^{volume_id}")
+
+
+def _check_target(target_path: str, uid: str, kubelet_dir: Path, *, made: bool) -> str:
+    """The pod volume name, if `target_path` is kubelet's target of a CSI volume of pod `uid`.
+    In gRPC's thread, whose every system call may wait for the GIL: a handful of them."""
     parts = Path(target_path).parts
     if (
         not os.path.isabs(target_path)
@@ -203,23 +227,43 @@ def _check_target(target_path: str, uid: str, kubelet_dir: Path) -> str:
         or len(parts) < 7
         or parts[-6:] != ("pods", uid, "volumes", "kubernetes.io~csi", parts[-2], "mount")
         or not _NAME.fullmatch(parts[-2])
-        or os.path.realpath(Path(*parts[:-6])) != os.path.realpath(kubelet_dir)
+        or not _same_directory(Path(*parts[:-6]), kubelet_dir)
     ):
         raise CsiError(
             Code.INVALID_ARGUMENT,
             f"target_path {target_path!r} is not {kubelet_dir}/pods/{uid}/volumes/"
             "kubernetes.io~csi/<volume>/mount (the kubelet directory is --kubelet-dir)",
         )
-    parent = Path(target_path).parent
-    if not parent.is_dir() or os.path.realpath(parent) != os.path.join(
-        pods, uid, "volumes", "kubernetes.io~csi", parts[-2]
-    ):
+    if made and not _directories(kubelet_dir / "pods", parts[-5:-1]):
         raise CsiError(
             Code.INVALID_ARGUMENT,
             f"target_path {target_path!r}: its parent is not a directory kubelet made "
             "(missing, or a symlink)",
         )
     return parts[-2]
+
+
+def _same_directory(given: Path, kubelet_dir: Path) -> bool:
+    return given == kubelet_dir or os.path.realpath(given) == _real(kubelet_dir)
+
+
+@functools.lru_cache(maxsize=4)
+def _real(kubelet_dir: Path) -> str:
+    """The kubelet directory's real path: resolved once (the node's, fixed)."""
+    return os.path.realpath(kubelet_dir)
+
+
+def _directories(below: Path, names: tuple[str, ...]) -> bool:
+    """`below/names[0]/names[1]/...` are directories, none of them a symlink."""
+    path = below
+    for name in names:
+        path = path / name
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def _volume_source(

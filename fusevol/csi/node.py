@@ -39,6 +39,7 @@ are requested by the API source until kubelet's next republish brings its own.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Protocol
 
@@ -46,11 +47,11 @@ import trio
 
 from fusevol.base.errors import FusevolError
 from fusevol.csi import state
-from fusevol.csi.attributes import DRIVER, Code, CsiError, Publication, parse
+from fusevol.csi.attributes import Code, CsiError, Publication, parse, unique_name
 from fusevol.csi.pods import bare_pod, known_pod, pod_of
+from fusevol.csi.preparing import Preparer
 from fusevol.csi.tokens import delete_tokens, put_tokens, requests_tokens, token_projections
 from fusevol.csi.waiting import Waiter
-from fusevol.model import Pod, UniqueVolumeName, Volume
 from fusevol.node.layout import plugin_for
 from fusevol.volumemanager.cache.actual import MountedVolume, MountState
 from fusevol.volumemanager.cache.desired import CsiVolume
@@ -59,8 +60,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
     from pathlib import Path
 
+    from fusevol.csi.preparing import Prepared
+    from fusevol.model import Pod, UniqueVolumeName, Volume
     from fusevol.volumemanager.cache.actual import ActualState
-    from fusevol.volumemanager.cache.desired import DesiredState
+    from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.reconciler.executor import Executor
     from fusevol.volumemanager.reconciler.volumes import Volumes
@@ -117,16 +120,21 @@ class CsiNode:
         kick: Callable[[], None],
         set_up_now: Callable[[UniqueVolumeName], None],
         is_mount_point: Callable[[Path], bool],
+        resolve: Callable[[CsiVolume], VolumeToServe],
+        adopt: Callable[[MountedVolume], None],
         track: Tracker | None = None,
         source_name: str = "source",
         request_tokens: bool = True,
+        prepare: bool = True,
         pod_wait_s: float = POD_WAIT_S,
         timeout_s: float = PUBLISH_TIMEOUT_S,
     ) -> None:
         """`records`: the directory of the published volumes' records (`state`). `track`: the
         API source's (`Tracker`); without it, or without `request_tokens` (a deployment that may
         not mint tokens: `--csi-token-requests false`), tokens come from kubelet only.
-        `source_name` names the source in refusals."""
+        `source_name` names the source in refusals. `resolve` and `adopt` are the reconciler's
+        (`Populator.resolve_csi`, `Reconciler.adopt`); `prepare`: volumes are prepared before
+        their publish (`preparing`; not when the source reads as the pod)."""
         self._records = records
         self.kubelet_dir = kubelet_dir
         self.node_name = node_name
@@ -157,6 +165,22 @@ class CsiNode:
         self.restored: list[MountedVolume] = []
         """The targets `restore` found still mounted (a predecessor's binds): set up again."""
         self._locks: collections.defaultdict[str, trio.Lock] = collections.defaultdict(trio.Lock)
+        self._volumes = volumes
+        self._adopt_mounted = adopt
+        self._preparer = (
+            Preparer(
+                store=store,
+                volumes=volumes,
+                kubelet_dir=kubelet_dir,
+                track=self._track,
+                resolve=resolve,
+                published=self._published.__contains__,
+            )
+            if prepare
+            else None
+        )
+        self.prepared_publishes = 0
+        """Publishes answered in gRPC's thread (`preparing`)."""
 
     # -- the CSI calls -----------------------------------------------------------------------------
 
@@ -181,6 +205,8 @@ class CsiNode:
     async def _publish(self, publication: Publication) -> Pod:
         """Steps 1 (the pod) to 5 of a publish, under the volume's lock."""
         volume_id = publication.volume_id
+        if self._preparer is not None:  # set up here, whatever was prepared
+            await self._preparer.release(volume_id)
         pod = await pod_of(
             publication,
             store=self._store,
@@ -203,7 +229,7 @@ class CsiNode:
         request_tokens = requests_tokens(
             publication, can_request=self._can_request_tokens, no_tokens=self._no_tokens
         )
-        name = _unique_name(volume_id)
+        name = unique_name(volume_id)
         try:
             refusal = await self._track(
                 name,
@@ -242,6 +268,63 @@ class CsiNode:
         self._add(publication)
         return pod
 
+    # -- a prepared publish (`preparing`) ----------------------------------------------------------
+
+    async def prepare(self) -> None:
+        """Prepare the volumes of the pods the source delivers, until cancelled."""
+        if self._preparer is None:
+            await trio.sleep_forever()
+        else:
+            await self._preparer.run()
+
+    def claim(self, publication: Publication) -> Prepared | None:
+        """In gRPC's thread: the volume prepared for this very request, to `publish_prepared`."""
+        return None if self._preparer is None else self._preparer.preparations.claim(publication)
+
+    def publish_prepared(self, prepared: Prepared, token: trio.lowlevel.TrioToken) -> bool:
+        """In gRPC's thread: publish a claimed volume (record, bind) and have the trio thread
+        adopt it (`token`: the agent's loop); False if that failed, and the volume is
+        unclaimed again (the publish path then tries, and says what fails)."""
+        publication = prepared.publication
+        try:
+            self._write(publication)
+            device = prepared.served.bind()
+        except Exception as exc:
+            log.info("csi prepared publish failed volume=%s: %s", publication.volume_id, exc)
+            self._preparer_of().preparations.unclaim(prepared)
+            return False
+        # In the order of the calls: before any later call of kubelet's reaches the loop. A
+        # stopped agent's successor serves the volume again from its record.
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self._adopt, prepared, device)
+        return True
+
+    def _adopt(self, prepared: Prepared, device: str) -> None:
+        """On the trio thread: a prepared volume was published; set up as any, from now on. A
+        callback of the loop, which must not raise."""
+        publication = prepared.publication
+        try:
+            self._preparer_of().adopted(prepared)
+            name = unique_name(publication.volume_id)
+            self._add(publication)
+            self._failing.pop(publication.volume_id, None)
+            self._desired.set_csi(_csi_volume(name, publication, prepared.pod))
+            self._adopt_mounted(self._volumes.bound(prepared.volume, prepared.served, device))
+            self.prepared_publishes += 1
+            log.info(
+                "csi volume published volume=%s pod=%s/%s target=%s prepared=true",
+                publication.volume_id,
+                publication.pod.namespace,
+                publication.pod.name,
+                publication.target,
+            )
+        except Exception:  # a bug: the volume stays bound and recorded (a restart restores it)
+            log.exception("csi prepared volume not adopted volume=%s", publication.volume_id)
+
+    def _preparer_of(self) -> Preparer:
+        assert self._preparer is not None, "nothing is prepared"
+        return self._preparer
+
     async def unpublish(self, *, volume_id: str, target_path: str) -> None:
         """NodeUnpublishVolume: idempotent; an unknown handle or target is left alone."""
         async with self._locks[volume_id]:
@@ -250,7 +333,7 @@ class CsiNode:
             if publication is None or str(publication.target) != target_path:
                 log.info("csi unpublish: not published volume=%s target=%s", volume_id, target_path)
                 return
-            name = _unique_name(volume_id)
+            name = unique_name(volume_id)
             self._desired.delete_csi(name)
             self._kick()
             await self._waiter.wait_torn_down(name)
@@ -275,7 +358,7 @@ class CsiNode:
                 error = str(exc) if isinstance(exc, CsiError) else f"{type(exc).__name__}: {exc}"
                 log.error("recorded csi volume dropped volume=%s error=%s", record.volume_id, error)
                 continue
-            name = _unique_name(record.volume_id)
+            name = unique_name(record.volume_id)
             pod = known_pod(self._store, publication.pod) or bare_pod(publication.pod)
             # Tokens are never recorded: requested, if the source can, until kubelet republishes.
             tokens = self._can_request_tokens and bool(token_projections(publication))
@@ -291,7 +374,7 @@ class CsiNode:
         # actual state that is not in the desired state yet (it would tear it down).
         for publication in restored:
             pod = known_pod(self._store, publication.pod) or bare_pod(publication.pod)
-            name = _unique_name(publication.volume_id)
+            name = unique_name(publication.volume_id)
             plugin = plugin_for(publication.volume.source)
             if plugin is not None and self._is_mount_point(publication.target):
                 found = MountedVolume(
@@ -341,7 +424,7 @@ class CsiNode:
         publish, forgotten again); one it holds (a republish, a timeout) the reconciler's status
         names, as any pod volume's."""
         volume_id = publication.volume_id
-        if self._desired.get(_unique_name(volume_id)) is not None:
+        if self._desired.get(unique_name(volume_id)) is not None:
             self._failing.pop(volume_id, None)
             return
         _, failures = self._failing.get(volume_id, (publication, 0))
@@ -350,7 +433,7 @@ class CsiNode:
     async def _forget(self, publication: Publication, *, recorded: bool = True) -> None:
         """Drop a volume: from the desired state, the published, the tokens, the source's
         tracking, and, if `recorded`, its record."""
-        name = _unique_name(publication.volume_id)
+        name = unique_name(publication.volume_id)
         self._desired.delete_csi(name)
         gone = self._published.pop(publication.volume_id, None)
         if gone is not None and self._targets.get(gone.target) == gone.volume_id:
@@ -380,11 +463,6 @@ class CsiNode:
         (the thread waited for the GIL after each system call while the trio thread set up
         the pod's other volumes), and kubelet waited for it."""
         state.save(self._records, _record(publication))
-
-
-def _unique_name(volume_id: str) -> UniqueVolumeName:
-    """kubelet's unique name of a CSI volume: `kubernetes.io/csi/<driver>^<handle>`."""
-    return UniqueVolumeName(f"kubernetes.io/csi/{DRIVER}^{volume_id}")
 
 
 def _csi_volume(name: UniqueVolumeName, publication: Publication, pod: Pod) -> CsiVolume:

@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.csi.attributes import Code, CsiError
-from fusevol.model import Kind, ObjectKey, Pod, ResourceVersion, UnsupportedVolumeSource
+from fusevol.model import (
+    CSIVolumeSource,
+    InvalidVolumeSource,
+    Kind,
+    ObjectKey,
+    Pod,
+    ResourceVersion,
+)
 
 if TYPE_CHECKING:
     from fusevol.csi.attributes import PodIdentity, Publication
@@ -51,7 +58,7 @@ async def pod_of(
         )
     elif not any(
         volume.name == publication.volume.name
-        and isinstance(volume.source, UnsupportedVolumeSource)
+        and isinstance(volume.source, (CSIVolumeSource, InvalidVolumeSource))
         and volume.source.type_name == "csi"
         for volume in pod.volumes
     ):

@@ -114,7 +114,8 @@ class CsiServer:
         """The calls being served in trio: a handing-over stop interrupts them (`_forward`)."""
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Serve until cancelled: restore the recorded targets, then listen."""
+        """Serve until cancelled: restore the recorded targets, then listen, and prepare the
+        volumes of the pods the source delivers (`CsiNode.prepare`)."""
         self._token = trio.lowlevel.current_trio_token()
         await self.node.restore()
         await trio.to_thread.run_sync(_check_socket_path, self.path)
@@ -131,7 +132,7 @@ class CsiServer:
                 registered = Registration(self._registration, endpoint=self.path)
                 await trio.to_thread.run_sync(registered.start)
             task_status.started()
-            await trio.sleep_forever()
+            await self.node.prepare()
         finally:
             if self._handing_over():  # the successor replaces both sockets; we serve on
                 self._kept = server
@@ -238,6 +239,11 @@ class CsiServer:
             )
         except CsiError as exc:
             _refuse(context, exc)
+        # Prepared for this very request (`fusevol.csi.preparing`): published in this thread.
+        if not self._forwarding.is_set() and (prepared := self.node.claim(publication)):
+            assert self._token is not None
+            if self.node.publish_prepared(prepared, self._token):
+                return pb.NodePublishVolumeResponse()
 
         async def publish() -> None:
             await self.node.publish(publication)

@@ -63,6 +63,8 @@ _BYTE_DIVISORS = frozenset(
     {"1", "1k", "1M", "1G", "1T", "1P", "1E", "1Ki", "1Mi", "1Gi", "1Ti", "1Pi", "1Ei"}
 )
 _BYTE_DIVISOR_LIST = "1, 1k, 1M, 1G, 1T, 1P, 1E, 1Ki, 1Mi, 1Gi, 1Ti, 1Pi, 1Ei"
+CSI_DRIVER = "fusevol.io"
+"""fusevol's CSI driver (`fusevol.csi.attributes.DRIVER`): the one whose attributes are kept."""
 _QUALIFIED_NAME = re.compile(r"([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]")
 _SERVED_PROJECTIONS = frozenset({"configMap", "secret", "downwardAPI", "serviceAccountToken"})
 _DEFAULT_TOKEN_SECONDS = 3600
@@ -128,6 +130,8 @@ def _volume_source(r: Reader, *, type_name: str, value: object, path: str) -> mo
             r.term(source.get("claimName"), f"{path}.claimName", required=True),
             r.boolean(source.get("readOnly"), f"{path}.readOnly"),
         )
+    if type_name == "csi":
+        return _csi(r, value, path)
     if type_name not in ("configMap", "secret"):
         return model.UnsupportedVolumeSource(type_name=type_name)
     source = r.mapping(value, path)
@@ -248,6 +252,17 @@ def _projected(r: Reader, value: object, path: str) -> model.VolumeSource:
     if unsupported:
         return model.UnsupportedVolumeSource(type_name=unsupported)
     return model.ProjectedVolumeSource(sources=tuple(projections), default_mode=default_mode)
+
+
+def _csi(r: Reader, value: object, path: str) -> model.CSIVolumeSource:
+    """`csi`: its driver, and for fusevol's own (`CSI_DRIVER`) its attributes (the API server
+    checked both: a string, a map of strings)."""
+    source = r.mapping(value, path)
+    driver = r.string(source.get("driver"), f"{path}.driver", required=True)
+    if driver != CSI_DRIVER:
+        return model.CSIVolumeSource(driver)
+    attributes = r.string_map(source.get("volumeAttributes") or {}, f"{path}.volumeAttributes")
+    return model.CSIVolumeSource(driver, tuple(attributes.items()))
 
 
 def _projection(

@@ -20,6 +20,7 @@ from fusevol.model.sources import (
     DEFAULT_MODE as DEFAULT_MODE,
     ConfigMapProjection as ConfigMapProjection,
     ConfigMapVolumeSource as ConfigMapVolumeSource,
+    CSIVolumeSource as CSIVolumeSource,
     DownwardAPIProjection as DownwardAPIProjection,
     DownwardAPIVolumeFile as DownwardAPIVolumeFile,
     DownwardAPIVolumeSource as DownwardAPIVolumeSource,

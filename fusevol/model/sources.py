@@ -1,11 +1,12 @@
 """The volume sources of a pod's `spec.volumes[]` (and a PersistentVolume's), as frozen types:
 configMap, secret, downwardAPI, projected, nfs, hostPath, emptyDir, persistentVolumeClaim, local,
-gitRepo, and what fusevol does not serve. Re-exported by `fusevol.model`.
+gitRepo, csi, and what fusevol does not serve. Re-exported by `fusevol.model`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,6 +154,20 @@ class GitRepoVolumeSource:
 
 
 @dataclass(frozen=True, slots=True)
+class CSIVolumeSource:
+    """`csi`: an inline volume of a CSI driver, which kubelet sets up through the driver (the
+    agent's own, `fusevol.io`, publishes it: `fusevol.csi`). fusevol serves none as a pod-spec
+    volume; it reads a `fusevol.io` volume's attributes to prepare it before kubelet publishes
+    it (`fusevol.csi.preparing`)."""
+
+    driver: str
+    attributes: tuple[tuple[str, str], ...] = ()
+    """`volumeAttributes` as pairs, of a `fusevol.io` volume only (another driver's are not
+    kept: nothing reads them)."""
+    type_name: ClassVar[str] = "csi"
+
+
+@dataclass(frozen=True, slots=True)
 class UnsupportedVolumeSource:
     """A volume type fusevol does not serve (yet); the pod's other volumes are still served."""
 
@@ -179,6 +194,7 @@ VolumeSource = (
     | EmptyDirVolumeSource
     | PersistentVolumeClaimVolumeSource
     | GitRepoVolumeSource
+    | CSIVolumeSource
     | UnsupportedVolumeSource
     | InvalidVolumeSource
 )

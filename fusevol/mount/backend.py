@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from fusevol.mount.mountinfo import MountPoint
@@ -48,6 +48,15 @@ class MountBackend(Protocol):
         binds are of fusevol's own file systems, which always answer (the real backend runs them
         in batches). `make_target`: if `target` is not a mount point, create it and its missing
         parents with this mode (Go's `MkdirAll`)."""
+
+    def bind_later(self, source: Path, target: Path, *, make_target: int) -> Callable[[], str]:
+        """`bind(source, target, read_only=True, stack=True, make_target=make_target)` as a call
+        for a thread that is not the trio thread, to make later (a publish answered in gRPC's
+        thread: `fusevol.csi.preparing`); the call returns the bind's device, and raises OSError
+        if the bind failed. `bound` then records the bind, on the trio thread."""
+
+    def bound(self, source: Path, target: Path, device: str) -> None:
+        """Record the bind a `bind_later` call made, and that it returned `device`."""
 
     async def unmount(
         self, target: Path, *, force: bool = False, remove_target: bool = False

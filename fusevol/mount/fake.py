@@ -19,7 +19,7 @@ from fusevol.base.fsutil import mkdir_all
 from fusevol.mount.mountinfo import MountPoint
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from fusevol.base.errors import MountError
@@ -79,6 +79,18 @@ class FakeMountBackend:
         options = ("ro",) if read_only else ("rw",)
         self._add(source="bind", target=target, root=str(source), fstype="bind", options=options)
         self.actions.append(Action("bind", str(target), str(source), "", options))
+
+    def bind_later(self, source: Path, target: Path, *, make_target: int) -> Callable[[], str]:
+        def bind() -> str:  # the table changes on the trio thread only: `bound`
+            self._fail_if_asked()
+            mkdir_all(target, make_target)
+            return "0:0"
+
+        return bind
+
+    def bound(self, source: Path, target: Path, device: str) -> None:
+        self._add(source="bind", target=target, root=str(source), fstype="bind", options=("ro",))
+        self.actions.append(Action("bind", str(target), str(source), "", ("ro",)))
 
     async def unmount(
         self, target: Path, *, force: bool = False, remove_target: bool = False

@@ -34,7 +34,7 @@ from fusevol.mount.syscalls import MNT_DETACH, MNT_FORCE
 from fusevol.mount.table import MountTable
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from pathlib import Path
 
     from fusevol.mount.backend import MountBackend
@@ -145,6 +145,19 @@ class LinuxMountBackend:
         except OSError as exc:
             raise MountError(f"bind {source} {target}: {exc.strerror}") from exc
         self.table.bound(source_path, target_path, read_only=read_only, device=device)
+
+    def bind_later(self, source: Path, target: Path, *, make_target: int) -> Callable[[], str]:
+        # What `bind` does with `stack`, but in the caller's thread: the holder is read now.
+        source_path, target_path = _absolute(source), _absolute(target)
+        holder = self.table.holder(source_path)
+        held = None if holder is None else (holder.device, list(holder.options))
+        return functools.partial(
+            syscalls.bind, source_path, target_path, True, True, make_target, held
+        )
+
+    def bound(self, source: Path, target: Path, device: str) -> None:
+        self._own_devices.add(device)
+        self.table.bound(_absolute(source), _absolute(target), read_only=True, device=device)
 
     async def unmount(
         self, target: Path, *, force: bool = False, remove_target: bool = False

@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 from fusevol.model import (
+    CSIVolumeSource,
     InvalidVolumeSource,
     Kind,
     NFSVolumeSource,
@@ -268,7 +269,11 @@ class Populator:
             return _failed(pod, volume, source.error)
         plugin = plugin_for(source)
         if plugin is None:
-            type_name = source.type_name if isinstance(source, UnsupportedVolumeSource) else "?"
+            type_name = (
+                source.type_name
+                if isinstance(source, (UnsupportedVolumeSource, CSIVolumeSource))
+                else "?"
+            )
             return _failed(pod, volume, f"volume type {type_name!r} is not supported by fusevol")
         read_only = source.read_only if isinstance(source, NFSVolumeSource) else False
         return VolumeToServe(

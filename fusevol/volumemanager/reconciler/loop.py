@@ -53,7 +53,7 @@ if TYPE_CHECKING:
 
     from fusevol.model import ObjectKey
     from fusevol.provision.hostpath import HostPathProvisioner
-    from fusevol.volumemanager.cache.actual import ActualState
+    from fusevol.volumemanager.cache.actual import ActualState, MountedVolume
     from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.populator import Populator
@@ -137,6 +137,20 @@ class Reconciler:
         if mounted is None or mounted.state is MountState.UNCERTAIN:
             self._operations.start_mount(volume, self._operations.inputs(volume))
         elif mounted.inputs != self._operations.inputs(volume):
+            self.kick()
+
+    def adopt(self, mounted: MountedVolume) -> None:
+        """A CSI volume in the desired state that was set up without an operation (a publish
+        answered in gRPC's thread: `fusevol.csi.preparing`): set up as `mounted` says, resolved
+        and indexed as `set_up_now` does; a volume whose inputs changed since is refreshed, as
+        `kick` asks."""
+        self._actual.mark_mounted(mounted)
+        volume = self._populator.resolve_csi_now(mounted.name)
+        if volume is None or self._executor.is_pending(mounted.name):
+            self.kick()
+            return
+        self._scope.index(volume)
+        if mounted.inputs != self._operations.inputs(volume):
             self.kick()
 
     @property

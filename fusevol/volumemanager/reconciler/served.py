@@ -99,6 +99,19 @@ class _Facts:
     audited: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A volume served but not bound yet (`ServedVolumes.prepare`)."""
+
+    inputs: Hashable
+    source: Path
+    target: Path
+    bind: Callable[[], str]
+    """Makes the bind, in a thread that is not the trio thread; returns its device."""
+
+
+_TARGET_MODE = 0o750
+"""A volume directory the bind makes (kubelet's MkdirAll of a volume's directory)."""
 _LONG_PATH = 1024
 """Bytes of a path far enough from PATH_MAX below any volume directory not to be kept."""
 
@@ -226,12 +239,40 @@ class ServedVolumes:
         target = self.path(volume)
         try:
             await self._serve(volume, self._facts_of(volume).subtree, inputs)
-            await self._bind(volume, target, make_target=0o750)
+            await self._bind(volume, target, make_target=_TARGET_MODE)
         except BaseException:
             with contextlib.suppress(Exception):
                 await self.tear_down(volume.pod.uid, volume.spec_name, target)
             raise
         return inputs
+
+    async def prepare(self, volume: VolumeToServe) -> Prepared:
+        """All of `set_up` but the bind, for a CSI volume kubelet is about to publish
+        (`fusevol.csi.preparing`): its subtree served, with the volume among its users, and the
+        bind to make later, in a thread (`Prepared`). `unprepare` undoes it; once the bind is
+        made, `bound` records it and the volume is set up as `set_up` leaves it."""
+        inputs = self.inputs(volume)
+        try:
+            await self._serve(volume, self._facts_of(volume).subtree, inputs)
+            source = await self._bind_source(volume)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await self.unprepare(volume.pod.uid, volume.spec_name)
+            raise
+        target = self.path(volume)
+        bind = self._backend.bind_later(source, target, make_target=_TARGET_MODE)
+        return Prepared(inputs, source, target, bind)
+
+    def bound(self, prepared: Prepared, device: str) -> None:
+        """The bind of `prepared` was made (and returned `device`)."""
+        self._backend.bound(prepared.source, prepared.target, device)
+
+    async def unprepare(self, uid: PodUID, spec_name: str) -> None:
+        """Undo `prepare` of a volume whose bind was never made."""
+        user = (uid, spec_name)
+        self._facts.pop(user, None)
+        if (name := self._subtree_of.get(user)) is not None:
+            await self._release(user, name)
 
     async def refresh(self, volume: VolumeToServe) -> Hashable:
         """Publish the volume's current content; returns the inputs it was built from."""
@@ -308,14 +349,17 @@ class ServedVolumes:
     ) -> None:
         # Stacked on a predecessor's bind, so that containers holding an rslave copy of it see the
         # new one (README, "Restarts"); a no-op if ours is already there.
-        name = self._subtree_of[(volume.pod.uid, volume.spec_name)]
-        if self._auditing is not None and self._facts_of(volume).audited:
-            source = await self._auditing.source(name)
-        else:
-            source = self._publisher.path(name)
+        source = await self._bind_source(volume)
         await self._backend.bind(
             source, target, read_only=True, stack=True, make_target=make_target
         )
+
+    async def _bind_source(self, volume: VolumeToServe) -> Path:
+        """The path the volume's bind is of: its subtree, or the audit file system's view of it."""
+        name = self._subtree_of[(volume.pod.uid, volume.spec_name)]
+        if self._auditing is not None and self._facts_of(volume).audited:
+            return await self._auditing.source(name)
+        return self._publisher.path(name)
 
     async def _release(self, user: tuple[PodUID, str], name: bytes) -> None:
         """`user` no longer uses subtree `name`: remove it if it was the last one."""

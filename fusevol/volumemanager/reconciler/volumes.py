@@ -22,7 +22,7 @@ from fusevol.mount.plugins import MountPlugins
 from fusevol.node import layout
 from fusevol.volumemanager.cache.actual import MountedVolume
 from fusevol.volumemanager.reconciler.reconstruct import remove_pod_dir
-from fusevol.volumemanager.reconciler.served import ServedVolumes
+from fusevol.volumemanager.reconciler.served import Prepared, ServedVolumes
 from fusevol.volumemanager.reconciler.subpaths import SubpathViews
 
 if TYPE_CHECKING:
@@ -131,6 +131,30 @@ class Volumes:
             inputs,
             updated_at=time.time(),
         )
+
+    async def prepare(self, volume: VolumeToServe) -> Prepared:
+        """A served volume made ready to bind, in a thread, later (`ServedVolumes.prepare`)."""
+        _require_plugin(volume)
+        return await self.served.prepare(volume)
+
+    def bound(self, volume: VolumeToServe, prepared: Prepared, device: str) -> MountedVolume:
+        """The bind of `prepared` was made: the volume, set up as `set_up` leaves one."""
+        plugin = _require_plugin(volume)
+        self.served.bound(prepared, device)
+        path = sys.intern(str(prepared.target))
+        return MountedVolume(
+            volume.name,
+            plugin,
+            volume.pod.uid,
+            volume.spec_name,
+            path,
+            prepared.inputs,
+            updated_at=time.time(),
+        )
+
+    async def unprepare(self, volume: VolumeToServe) -> None:
+        """Undo `prepare` of a volume whose bind was never made."""
+        await self.served.unprepare(volume.pod.uid, volume.spec_name)
 
     async def refresh(self, volume: VolumeToServe, mounted: MountedVolume) -> MountedVolume:
         if mounted.plugin.served_from_memory:

@@ -1,0 +1,339 @@
+"""A pod's `fusevol.io` volumes made ready before kubelet publishes them, so that a publish is
+one bind, made in the gRPC thread that received it.
+
+kubelet publishes a pod's CSI volumes some 100 ms after the pod reaches it (its volume manager's
+periods), and the source delivers the pod at about the same time. From the moment a pod of this
+node is in the store (`Preparer.run`), each of its `fusevol.io` volumes is
+    1. read as kubelet will publish it (`expected`): the pod's `volumeAttributes` with kubelet's
+       podInfoOnMount keys, kubelet's handle and target, the pod's fsGroup as
+       `volume_mount_group`, through `attributes.parse`: the `Publication` its request will be;
+    2. served, if the store holds every object it references (the source reads what a pod's
+       `fusevol.io` volumes reference when it sees the pod; only what the Node authorizer lets
+       the node read before a publish): its subtree published, the volume among its users, the
+       bind's arguments taken from the mount table (`Volumes.prepare`); not bound.
+A publish whose request is that very `Publication` (`Preparations.claim`, in gRPC's thread; the
+pod's identity, its attributes, target and fsGroup are all in it) writes its record, makes the
+bind there and is answered (`CsiNode.publish_prepared`): it waits for nothing the trio thread
+does, such as the other publishes of a burst. The trio thread then takes the volume over, in
+the order of the calls (`CsiNode._adopt`: desired state, actual state, mount table; a change of
+its objects since it was prepared is the reconciler's refresh, as for any volume), and the source
+tracks what it references until its unpublish, as a publish has it do (`adopted`).
+Anything else takes the publish path of `node`: a volume not prepared yet, one whose request
+differs (another fsGroup, say), one whose tokens come with the publish, a source that reads as
+the pod (the pod's token comes with the publish: `prepare` is off), a volume whose preparation
+failed (its publish says why), a republish. A publish that finds its volume's bind being made
+by another call answers ABORTED, as the CSI spec says of an operation in progress for a volume.
+A prepared volume whose pod leaves the store, or is replaced (another uid), is released: its
+subtree goes with its last user.
+
+Excludes: the publish itself (`node`), what a request says (`attributes`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import trio
+
+from fusevol.base.errors import FusevolError
+from fusevol.csi.attributes import (
+    DRIVER,
+    EPHEMERAL,
+    POD_NAME,
+    POD_NAMESPACE,
+    POD_UID,
+    SERVICE_ACCOUNT,
+    Code,
+    CsiError,
+    Publication,
+    parse,
+    target,
+    unique_name,
+    volume_handle,
+)
+from fusevol.csi.tokens import token_projections
+from fusevol.model import CSIVolumeSource, Kind, Pod, referenced_objects
+from fusevol.volumemanager.cache.desired import CsiVolume
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+    from fusevol.csi.node import Tracker
+    from fusevol.model import ObjectKey, PodUID, UniqueVolumeName, Volume
+    from fusevol.volumemanager.cache.desired import VolumeToServe
+    from fusevol.volumemanager.cache.store import ObjectStore
+    from fusevol.volumemanager.reconciler.served import Prepared as Served
+    from fusevol.volumemanager.reconciler.volumes import Volumes
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False, slots=True)
+class Prepared:
+    """A volume ready for its publish."""
+
+    publication: Publication
+    """What its request will be."""
+    pod: Pod
+    """The store's pod it was prepared for."""
+    volume: VolumeToServe
+    served: Served
+    claimed: bool = False
+    """A publish is making its bind (gRPC's thread), or made it and the trio thread has yet to
+    adopt it: no one else may use or release it."""
+
+
+class Preparations:
+    """The prepared volumes, by volume id: the trio thread adds and releases them, gRPC's
+    threads claim them. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_id: dict[str, Prepared] = {}
+
+    def add(self, prepared: Prepared) -> None:
+        with self._lock:
+            self._by_id[prepared.publication.volume_id] = prepared
+
+    def claim(self, publication: Publication) -> Prepared | None:
+        """The volume prepared for exactly this request, now the caller's to bind; None if
+        there is none (or another call has it)."""
+        with self._lock:
+            prepared = self._by_id.get(publication.volume_id)
+            if prepared is None or prepared.claimed or prepared.publication != publication:
+                return None
+            prepared.claimed = True
+            return prepared
+
+    def unclaim(self, prepared: Prepared) -> None:
+        """Its bind was not made: the volume is prepared as before."""
+        with self._lock:
+            prepared.claimed = False
+
+    def take(self, volume_id: str) -> Prepared | None:
+        """Remove and return the volume prepared under `volume_id`, unless it is claimed (it
+        stays: `CsiError` ABORTED); None if there is none."""
+        with self._lock:
+            prepared = self._by_id.get(volume_id)
+            if prepared is None:
+                return None
+            if prepared.claimed:
+                raise CsiError(
+                    Code.ABORTED, f"volume {volume_id}: its publish is in progress; try again"
+                )
+            del self._by_id[volume_id]
+            return prepared
+
+    def done(self, prepared: Prepared) -> None:
+        """A claimed volume was bound and adopted: no longer prepared."""
+        with self._lock:
+            if self._by_id.get(prepared.publication.volume_id) is prepared:
+                del self._by_id[prepared.publication.volume_id]
+
+    def has(self, volume_id: str) -> bool:
+        with self._lock:
+            return volume_id in self._by_id
+
+    def pods(self) -> set[tuple[ObjectKey, PodUID]]:
+        """The pods (key, uid) that volumes were prepared for."""
+        with self._lock:
+            return {(p.pod.key, p.pod.uid) for p in self._by_id.values()}
+
+    def of_pod(self, uid: PodUID) -> list[Prepared]:
+        with self._lock:
+            return [p for p in self._by_id.values() if p.publication.pod.uid == uid]
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._by_id)
+
+
+class Preparer:
+    def __init__(
+        self,
+        *,
+        store: ObjectStore,
+        volumes: Volumes,
+        kubelet_dir: Path,
+        track: Tracker,
+        resolve: Callable[[CsiVolume], VolumeToServe],
+        published: Callable[[str], bool],
+    ) -> None:
+        """`resolve`: a CSI volume as the populator resolves it; `published(volume id)`: kubelet
+        published it already (nothing to prepare)."""
+        self.preparations = Preparations()
+        self._store = store
+        self._volumes = volumes
+        self._kubelet_dir = kubelet_dir
+        self._track = track
+        self._resolve = resolve
+        self._published = published
+        self._nursery: trio.Nursery | None = None
+        self._preparing: set[str] = set()
+        """The volume ids being prepared (their tasks have yet to add or drop them)."""
+        self._waiting: dict[str, tuple[Pod, Publication]] = {}
+        """The volumes to prepare once the store holds their objects, by volume id."""
+
+    async def run(self) -> None:
+        """Prepare the volumes of each pod the store delivers (once it holds their objects),
+        release those of pods gone."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            changed: tuple[ObjectKey, ...] = tuple(pod.key for pod in self._store.pods())
+            while True:
+                generation = self._store.generation
+                for key, uid in self.preparations.pods():
+                    if not self._current(key, uid):
+                        nursery.start_soon(self._release_pod, uid)
+                objects = False
+                for key in changed:
+                    if key.kind is not Kind.POD:
+                        objects = True
+                    elif (pod := self._store.get(key, Pod)) is not None:
+                        for volume, source in _ours(pod):
+                            self._consider(pod, volume, source)
+                if objects and self._waiting:  # what they wait for may have come
+                    for pod, publication in list(self._waiting.values()):
+                        del self._waiting[publication.volume_id]
+                        if self._current(pod.key, pod.uid):
+                            self._start(pod, publication)
+                await self._store.wait_changed(generation)
+                changed = self._store.changed_since(generation)
+
+    def _consider(self, pod: Pod, volume: Volume, source: CSIVolumeSource) -> None:
+        volume_id = volume_handle(pod.uid, volume.name)
+        if (
+            volume_id in self._preparing
+            or volume_id in self._waiting
+            or self.preparations.has(volume_id)
+            or self._published(volume_id)
+        ):
+            return
+        publication = self.expected(pod, volume, source)
+        if publication is not None and not token_projections(publication):
+            self._start(pod, publication)  # (with tokens: they come with the publish)
+
+    def _start(self, pod: Pod, publication: Publication) -> None:
+        """Prepare the volume now if the store holds every object it references; else once it
+        does (not read yet, refused to the node, or missing: its publish waits, or says why)."""
+        assert self._nursery is not None
+        volume_id = publication.volume_id
+        if self._published(volume_id):
+            return
+        objects = referenced_objects(pod, publication.volume.source)
+        if any(self._store.get(key) is None for key in objects):
+            self._waiting[volume_id] = (pod, publication)
+            return
+        self._preparing.add(volume_id)
+        self._nursery.start_soon(self._prepare, pod, publication)
+
+    async def _prepare(self, pod: Pod, publication: Publication) -> None:
+        volume_id = publication.volume_id
+        try:
+            prepared = await self._served(pod, publication)
+        finally:
+            self._preparing.discard(volume_id)
+        if prepared is None:
+            return
+        if self._published(volume_id) or not self._current(pod.key, pod.uid):
+            await self._unprepare(prepared)  # published or gone meanwhile
+            return
+        self.preparations.add(prepared)
+
+    async def _served(self, pod: Pod, publication: Publication) -> Prepared | None:
+        """Step 2 of the module docstring; None if the volume cannot be served."""
+        name = unique_name(publication.volume_id)
+        csi = CsiVolume(
+            name,
+            pod,
+            publication.volume,
+            publication.target,
+            publication.fs_group,
+            audit=publication.audit,
+        )
+        resolved = self._resolve(csi)
+        try:
+            return Prepared(publication, pod, resolved, await self._volumes.prepare(resolved))
+        except Exception as exc:  # bad input: its publish says why
+            log.debug("csi volume not prepared volume=%s: %s", name, exc)
+            return None
+
+    def expected(self, pod: Pod, volume: Volume, source: CSIVolumeSource) -> Publication | None:
+        """The request kubelet will make to publish the volume (module docstring, step 1);
+        None if it does not check (its publish says why)."""
+        context = dict(source.attributes)
+        context.update(  # kubelet's podInfoOnMount keys replace the pod's own (`mergeMap`)
+            {
+                POD_NAME: pod.name,
+                POD_NAMESPACE: pod.namespace,
+                POD_UID: pod.uid,
+                SERVICE_ACCOUNT: pod.service_account_name,
+                EPHEMERAL: "true",
+            }
+        )
+        try:
+            return parse(
+                volume_id=volume_handle(pod.uid, volume.name),
+                target_path=str(target(self._kubelet_dir, pod.uid, volume.name)),
+                context=context,
+                volume_mount_group="" if pod.fs_group is None else str(pod.fs_group),
+                kubelet_dir=self._kubelet_dir,
+                made=False,
+            )
+        except CsiError:
+            return None
+
+    async def _release_pod(self, uid: PodUID) -> None:
+        for prepared in self.preparations.of_pod(uid):
+            try:
+                taken = self.preparations.take(prepared.publication.volume_id)
+            except CsiError:
+                continue  # claimed: its bind is made, and the trio thread adopts it next
+            if taken is not None:
+                await self._unprepare(taken)
+
+    async def release(self, volume_id: str) -> None:
+        """Release the volume prepared under `volume_id`, if any (the publish path sets it up
+        itself); ABORTED while a publish of it is making its bind."""
+        prepared = self.preparations.take(volume_id)
+        if prepared is not None:
+            await self._unprepare(prepared)
+
+    async def _unprepare(self, prepared: Prepared) -> None:
+        await self._volumes.unprepare(prepared.volume)
+
+    def adopted(self, prepared: Prepared) -> None:
+        """A prepared volume was published: tracked by the source from now on, as a publish
+        has it tracked (until its unpublish), whatever happens to its pod."""
+        assert self._nursery is not None, "Preparer.run() is not running"
+        self.preparations.done(prepared)
+        name = unique_name(prepared.publication.volume_id)
+        self._nursery.start_soon(self._track_adopted, name, prepared)
+
+    async def _track_adopted(self, name: UniqueVolumeName, prepared: Prepared) -> None:
+        publication = prepared.publication
+        try:
+            if refusal := await self._track(name, prepared.pod, publication.volume):
+                log.warning("csi volume: objects refused volume=%s: %s", name, refusal)
+            if not self._published(publication.volume_id):  # unpublished meanwhile
+                await self._track(name, prepared.pod, None)
+        except FusevolError as exc:
+            log.warning("csi volume: objects not read volume=%s error=%s", name, exc)
+
+    def _current(self, key: ObjectKey, uid: PodUID) -> bool:
+        """The store still holds the pod `uid` at `key`."""
+        stored = self._store.get(key, Pod)
+        return stored is not None and stored.uid == uid
+
+
+def _ours(pod: Pod) -> list[tuple[Volume, CSIVolumeSource]]:
+    """The pod's `fusevol.io` volumes."""
+    return [
+        (volume, volume.source)
+        for volume in pod.volumes
+        if isinstance(volume.source, CSIVolumeSource) and volume.source.driver == DRIVER
+    ]
