@@ -230,7 +230,7 @@ class Components:
 
     def statistics(self) -> dict[str, Any]:
         """Every component's counters, for the status snapshot."""
-        return {
+        statistics = {
             "fuse_tree": dataclasses.asdict(self.tree.statistics()),
             "publisher": dataclasses.asdict(self.publisher.statistics()),
             "executor": dataclasses.asdict(self.executor.statistics()),
@@ -238,6 +238,9 @@ class Components:
             "source": dataclasses.asdict(self.source.statistics()),
             "reconciler": dataclasses.asdict(self.reconciler.statistics()),
         }
+        if self.csi is not None:
+            statistics["csi"] = dataclasses.asdict(self.csi.node.statistics())
+        return statistics
 
     def _on_pass(self) -> None:
         """After each reconciler pass: the status snapshot is due, and the agent may be ready."""

@@ -41,6 +41,8 @@ from __future__ import annotations
 import collections
 import contextlib
 import logging
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 import trio
@@ -74,6 +76,15 @@ POD_WAIT_S = 5.0
 """How long a publish waits for the source to deliver its pod (kubelet may see it first)."""
 PUBLISH_TIMEOUT_S = 60.0
 """How long a publish or unpublish waits for the reconciler (kubelet's own timeout is 2 min)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CsiStatistics:
+    published: int
+    prepared: int
+    """Volumes ready for their publish (`preparing`)."""
+    prepared_publishes: int
+    """Publishes answered in gRPC's thread so far."""
 
 
 class Tracker(Protocol):
@@ -121,7 +132,7 @@ class CsiNode:
         set_up_now: Callable[[UniqueVolumeName], None],
         is_mount_point: Callable[[Path], bool],
         resolve: Callable[[CsiVolume], VolumeToServe],
-        adopt: Callable[[MountedVolume], None],
+        adopt: Callable[[MountedVolume, float], None],
         track: Tracker | None = None,
         source_name: str = "source",
         request_tokens: bool = True,
@@ -179,6 +190,9 @@ class CsiNode:
             if prepare
             else None
         )
+        self._to_adopt: collections.deque[tuple[Prepared, str, float]] = collections.deque()
+        """Published in gRPC's threads, to adopt (`adopt_published`): appended there, taken
+        here (a deque's append and popleft are atomic)."""
         self.prepared_publishes = 0
         """Publishes answered in gRPC's thread (`preparing`)."""
 
@@ -187,6 +201,7 @@ class CsiNode:
     async def publish(self, publication: Publication) -> None:
         """NodePublishVolume of a checked request (module docstring); CsiError on failure."""
         volume_id = publication.volume_id
+        self.adopt_published()
         async with self._locks[volume_id]:
             try:
                 pod = await self._publish(publication)
@@ -286,6 +301,7 @@ class CsiNode:
         adopt it (`token`: the agent's loop); False if that failed, and the volume is
         unclaimed again (the publish path then tries, and says what fails)."""
         publication = prepared.publication
+        started = time.monotonic()
         try:
             self._write(publication)
             device = prepared.served.bind()
@@ -293,15 +309,22 @@ class CsiNode:
             log.info("csi prepared publish failed volume=%s: %s", publication.volume_id, exc)
             self._preparer_of().preparations.unclaim(prepared)
             return False
-        # In the order of the calls: before any later call of kubelet's reaches the loop. A
-        # stopped agent's successor serves the volume again from its record.
+        self._to_adopt.append((prepared, device, time.monotonic() - started))
+        # A stopped agent's successor serves the volume again from its record.
         with contextlib.suppress(trio.RunFinishedError):
-            token.run_sync_soon(self._adopt, prepared, device)
+            token.run_sync_soon(self.adopt_published)
         return True
 
-    def _adopt(self, prepared: Prepared, device: str) -> None:
-        """On the trio thread: a prepared volume was published; set up as any, from now on. A
-        callback of the loop, which must not raise."""
+    def adopt_published(self) -> None:
+        """On the trio thread: adopt the volumes published in gRPC's threads so far. Called by
+        the loop after each, and first by whatever reads or changes what is published (a call
+        of kubelet's, the metrics), so that each sees every publish answered before it."""
+        while self._to_adopt:
+            self._adopt(*self._to_adopt.popleft())
+
+    def _adopt(self, prepared: Prepared, device: str, seconds: float) -> None:
+        """A prepared volume was published: set up as any, from now on. Never raises (a
+        callback of the loop)."""
         publication = prepared.publication
         try:
             self._preparer_of().adopted(prepared)
@@ -309,7 +332,8 @@ class CsiNode:
             self._add(publication)
             self._failing.pop(publication.volume_id, None)
             self._desired.set_csi(_csi_volume(name, publication, prepared.pod))
-            self._adopt_mounted(self._volumes.bound(prepared.volume, prepared.served, device))
+            mounted = self._volumes.bound(prepared.volume, prepared.served, device)
+            self._adopt_mounted(mounted, seconds)
             self.prepared_publishes += 1
             log.info(
                 "csi volume published volume=%s pod=%s/%s target=%s prepared=true",
@@ -327,6 +351,7 @@ class CsiNode:
 
     async def unpublish(self, *, volume_id: str, target_path: str) -> None:
         """NodeUnpublishVolume: idempotent; an unknown handle or target is left alone."""
+        self.adopt_published()
         async with self._locks[volume_id]:
             self._failing.pop(volume_id, None)
             publication = self._published.get(volume_id)
@@ -396,13 +421,20 @@ class CsiNode:
         log.info("csi volumes restored count=%d", len(self._published))
         return len(self._published)
 
+    def statistics(self) -> CsiStatistics:
+        self.adopt_published()
+        prepared = 0 if self._preparer is None else len(self._preparer.preparations)
+        return CsiStatistics(len(self._published), prepared, self.prepared_publishes)
+
     def published(self) -> int:
+        self.adopt_published()
         return len(self._published)
 
     def failing(self) -> list[tuple[dict[str, str], float]]:
         """`fusevol_volume_failures` of the volumes whose publishes failed and that the desired
         state does not hold (module docstring): per volume, its failed publishes in a row. A
         volume whose pod the source no longer knows is dropped: kubelet will not retry it."""
+        self.adopt_published()
         out = []
         for volume_id, (publication, failures) in list(self._failing.items()):
             if known_pod(self._store, publication.pod) is None:

@@ -31,6 +31,7 @@ Excludes: the publish itself (`node`), what a request says (`attributes`).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from fusevol.csi.node import Tracker
-    from fusevol.model import ObjectKey, PodUID, UniqueVolumeName, Volume
+    from fusevol.model import KubeObject, ObjectKey, PodUID, UniqueVolumeName, Volume
     from fusevol.volumemanager.cache.desired import VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.reconciler.served import Prepared as Served
@@ -82,6 +83,9 @@ class Prepared:
     """The store's pod it was prepared for."""
     volume: VolumeToServe
     served: Served
+    objects: tuple[tuple[ObjectKey, KubeObject | None], ...]
+    """The store's objects it was served from, as they were before (by identity): a publish
+    that finds another there takes the publish path, which serves the current ones."""
     claimed: bool = False
     """A publish is making its bind (gRPC's thread), or made it and the trio thread has yet to
     adopt it: no one else may use or release it."""
@@ -91,7 +95,9 @@ class Preparations:
     """The prepared volumes, by volume id: the trio thread adds and releases them, gRPC's
     threads claim them. Thread-safe."""
 
-    def __init__(self) -> None:
+    def __init__(self, current: Callable[[ObjectKey], KubeObject | None]) -> None:
+        """`current(key)`: the store's object (a dict's lookup: safe in any thread)."""
+        self._current = current
         self._lock = threading.Lock()
         self._by_id: dict[str, Prepared] = {}
 
@@ -101,13 +107,31 @@ class Preparations:
 
     def claim(self, publication: Publication) -> Prepared | None:
         """The volume prepared for exactly this request, now the caller's to bind; None if
-        there is none (or another call has it)."""
+        there is none (or another call has it, or its objects changed since). kubelet's tokens
+        are not compared: a prepared volume has no token projection, and every publish carries
+        them when the CSIDriver asks for any (`tokenRequests`)."""
+        if publication.tokens:
+            publication = dataclasses.replace(publication, tokens={})
         with self._lock:
             prepared = self._by_id.get(publication.volume_id)
-            if prepared is None or prepared.claimed or prepared.publication != publication:
+            if (
+                prepared is None
+                or prepared.claimed
+                or prepared.publication != publication
+                or not self.fresh(prepared)
+            ):
                 return None
             prepared.claimed = True
             return prepared
+
+    def fresh(self, prepared: Prepared) -> bool:
+        """The store holds the very objects the volume was served from."""
+        return all(self._current(key) is obj for key, obj in prepared.objects)
+
+    def referencing(self, keys: set[ObjectKey]) -> list[Prepared]:
+        """The volumes served from any of `keys` (changed since)."""
+        with self._lock:
+            return [p for p in self._by_id.values() if any(k in keys for k, _ in p.objects)]
 
     def unclaim(self, prepared: Prepared) -> None:
         """Its bind was not made: the volume is prepared as before."""
@@ -165,7 +189,7 @@ class Preparer:
     ) -> None:
         """`resolve`: a CSI volume as the populator resolves it; `published(volume id)`: kubelet
         published it already (nothing to prepare)."""
-        self.preparations = Preparations()
+        self.preparations = Preparations(store.get)
         self._store = store
         self._volumes = volumes
         self._kubelet_dir = kubelet_dir
@@ -189,20 +213,33 @@ class Preparer:
                 for key, uid in self.preparations.pods():
                     if not self._current(key, uid):
                         nursery.start_soon(self._release_pod, uid)
-                objects = False
+                objects = set()
                 for key in changed:
                     if key.kind is not Kind.POD:
-                        objects = True
+                        objects.add(key)
                     elif (pod := self._store.get(key, Pod)) is not None:
                         for volume, source in _ours(pod):
                             self._consider(pod, volume, source)
-                if objects and self._waiting:  # what they wait for may have come
-                    for pod, publication in list(self._waiting.values()):
-                        del self._waiting[publication.volume_id]
-                        if self._current(pod.key, pod.uid):
-                            self._start(pod, publication)
+                if objects:
+                    self._again(objects)
                 await self._store.wait_changed(generation)
                 changed = self._store.changed_since(generation)
+
+    def _again(self, objects: set[ObjectKey]) -> None:
+        """Prepare again the volumes that `objects` changed, and try those waiting for them."""
+        for prepared in self.preparations.referencing(objects):
+            try:
+                taken = self.preparations.take(prepared.publication.volume_id)
+            except CsiError:
+                continue  # claimed: adopted next, and refreshed as any volume
+            if taken is not None:
+                assert self._nursery is not None
+                self._preparing.add(taken.publication.volume_id)
+                self._nursery.start_soon(self._redo, taken)
+        for pod, publication in list(self._waiting.values()):
+            del self._waiting[publication.volume_id]
+            if self._current(pod.key, pod.uid):
+                self._start(pod, publication)
 
     def _consider(self, pod: Pod, volume: Volume, source: CSIVolumeSource) -> None:
         volume_id = volume_handle(pod.uid, volume.name)
@@ -231,10 +268,21 @@ class Preparer:
         self._preparing.add(volume_id)
         self._nursery.start_soon(self._prepare, pod, publication)
 
+    async def _redo(self, prepared: Prepared) -> None:
+        """Release `prepared` and prepare it anew (its objects changed)."""
+        pod, publication = prepared.pod, prepared.publication
+        await self._unprepare(prepared)
+        self._preparing.discard(publication.volume_id)
+        if self._current(pod.key, pod.uid):
+            self._start(pod, publication)
+
     async def _prepare(self, pod: Pod, publication: Publication) -> None:
         volume_id = publication.volume_id
         try:
             prepared = await self._served(pod, publication)
+        except Exception:  # a bug: this volume is not prepared, and nothing else changes
+            log.exception("csi volume not prepared volume=%s", volume_id)
+            return
         finally:
             self._preparing.discard(volume_id)
         if prepared is None:
@@ -243,6 +291,8 @@ class Preparer:
             await self._unprepare(prepared)  # published or gone meanwhile
             return
         self.preparations.add(prepared)
+        if not self.preparations.fresh(prepared):  # changed meanwhile: unseen by `_again`
+            self._again({key for key, _ in prepared.objects})
 
     async def _served(self, pod: Pod, publication: Publication) -> Prepared | None:
         """Step 2 of the module docstring; None if the volume cannot be served."""
@@ -256,15 +306,19 @@ class Preparer:
             audit=publication.audit,
         )
         resolved = self._resolve(csi)
+        keys = referenced_objects(pod, publication.volume.source)
+        objects = tuple((key, self._store.get(key)) for key in keys)  # before: see `Prepared`
         try:
-            return Prepared(publication, pod, resolved, await self._volumes.prepare(resolved))
+            served = await self._volumes.prepare(resolved)
         except Exception as exc:  # bad input: its publish says why
             log.debug("csi volume not prepared volume=%s: %s", name, exc)
             return None
+        return Prepared(publication, pod, resolved, served, objects)
 
     def expected(self, pod: Pod, volume: Volume, source: CSIVolumeSource) -> Publication | None:
         """The request kubelet will make to publish the volume (module docstring, step 1);
-        None if it does not check (its publish says why)."""
+        None if it does not check, in whatever way (a tenant wrote the attributes: its publish
+        says why)."""
         context = dict(source.attributes)
         context.update(  # kubelet's podInfoOnMount keys replace the pod's own (`mergeMap`)
             {
@@ -284,7 +338,7 @@ class Preparer:
                 kubelet_dir=self._kubelet_dir,
                 made=False,
             )
-        except CsiError:
+        except Exception:
             return None
 
     async def _release_pod(self, uid: PodUID) -> None:
@@ -304,7 +358,11 @@ class Preparer:
             await self._unprepare(prepared)
 
     async def _unprepare(self, prepared: Prepared) -> None:
-        await self._volumes.unprepare(prepared.volume)
+        """Release a prepared volume; never raises (a subtree not removed is logged)."""
+        try:
+            await self._volumes.unprepare(prepared.volume)
+        except Exception:
+            log.exception("csi prepared volume not released volume=%s", prepared.volume.name)
 
     def adopted(self, prepared: Prepared) -> None:
         """A prepared volume was published: tracked by the source from now on, as a publish

@@ -186,6 +186,19 @@ class Executor:
         if not self.is_pending(name):
             self._status.pop(name, None)
 
+    def succeeded(self, name: UniqueVolumeName, operation: str, seconds: float) -> None:
+        """An operation made outside the executor succeeded (a CSI publish answered in gRPC's
+        thread: `fusevol.csi.preparing`): counted as one of its own, and the volume's failures
+        before it dropped, as a success drops them. No-op while one of its own is pending."""
+        status = self._status.get(name)
+        if status is not None and status.pending:
+            return
+        if status is not None:
+            del self._status[name]
+            if status.failures:
+                log.info("operation succeeded after %d failures volume=%s", status.failures, name)
+        self._on_finished(name, operation, seconds, True)
+
     def next_retry_at(self) -> float:
         """The earliest retry time still in the future, or +inf."""
         now = trio.current_time()

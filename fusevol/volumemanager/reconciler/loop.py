@@ -139,11 +139,12 @@ class Reconciler:
         elif mounted.inputs != self._operations.inputs(volume):
             self.kick()
 
-    def adopt(self, mounted: MountedVolume) -> None:
-        """A CSI volume in the desired state that was set up without an operation (a publish
-        answered in gRPC's thread: `fusevol.csi.preparing`): set up as `mounted` says, resolved
-        and indexed as `set_up_now` does; a volume whose inputs changed since is refreshed, as
-        `kick` asks."""
+    def adopt(self, mounted: MountedVolume, seconds: float) -> None:
+        """A CSI volume in the desired state that was set up without an operation, in `seconds`
+        (a publish answered in gRPC's thread: `fusevol.csi.preparing`): set up as `mounted`
+        says, counted as a mount (`Executor.succeeded`), resolved and indexed as `set_up_now`
+        does; a volume whose inputs changed since is refreshed, as `kick` asks."""
+        self._executor.succeeded(mounted.name, "mount", seconds)
         self._actual.mark_mounted(mounted)
         volume = self._populator.resolve_csi_now(mounted.name)
         if volume is None or self._executor.is_pending(mounted.name):
