@@ -23,11 +23,14 @@ from fusevol.decode.manifest import parse_manifest
 from fusevol.model import (
     ConfigMap,
     ConfigMapVolumeSource,
+    CSIVolumeSource,
     FileProjection,
+    InvalidVolumeSource,
     Pod,
     ResourceVersion,
     UnsupportedVolumeSource,
 )
+from fusevol.node.layout import plugin_for
 from fusevol.projection import configmap
 from tests import fuzz
 from tests.decoding import manifest_error
@@ -282,6 +285,26 @@ def test_unknown_volume_type_is_parsed_as_unsupported() -> None:
     (obj,) = parse_manifest(pod("{name: v, cephfs: {monitors: [x]}}").encode(), origin=ORIGIN)
     assert isinstance(obj, Pod)
     assert obj.volumes[0].source == UnsupportedVolumeSource(type_name="cephfs")
+
+
+def test_a_csi_volume_keeps_its_attributes_for_fusevol_io_only() -> None:
+    """What the CSI node plugin prepares before kubelet publishes (`fusevol.csi.preparing`):
+    a fusevol.io volume's attributes; another driver's are nothing fusevol reads. A malformed
+    one fails alone, as any volume does."""
+    volumes = (
+        "{name: ours, csi: {driver: fusevol.io, volumeAttributes: {configMap: app}}}\n"
+        "  - {name: theirs, csi: {driver: other.example.com, volumeAttributes: {k: v}}}\n"
+        "  - {name: bare, csi: {driver: fusevol.io}}\n"
+        "  - {name: broken, csi: {volumeAttributes: {k: v}}}"
+    )
+    (obj,) = parse_manifest(pod(volumes).encode(), origin=ORIGIN)
+    assert isinstance(obj, Pod)
+    ours, theirs, bare, broken = (volume.source for volume in obj.volumes)
+    assert ours == CSIVolumeSource("fusevol.io", (("configMap", "app"),))
+    assert theirs == CSIVolumeSource("other.example.com")
+    assert bare == CSIVolumeSource("fusevol.io")
+    assert broken == InvalidVolumeSource("csi", "spec.volumes[3].csi.driver: Required value")
+    assert plugin_for(ours) is None  # served through kubelet's publish only
 
 
 # -- accepted by the parser, refused when the payload is built (as kubelet does) ------------------
