@@ -208,6 +208,9 @@ class CsiNode:
             except CsiError:
                 self._count_failure(publication)
                 raise
+            finally:
+                if self._preparer is not None:
+                    self._preparer.publish_ended(volume_id)
             self._failing.pop(volume_id, None)
         log.info(
             "csi volume published volume=%s pod=%s/%s target=%s",

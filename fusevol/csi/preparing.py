@@ -197,8 +197,12 @@ class Preparer:
         self._resolve = resolve
         self._published = published
         self._nursery: trio.Nursery | None = None
-        self._preparing: set[str] = set()
-        """The volume ids being prepared (their tasks have yet to add or drop them)."""
+        self._preparing: dict[str, trio.Event] = {}
+        """The volume ids being prepared, or released to be prepared again: set once their task
+        has added or dropped them (`release` waits for it)."""
+        self._publishing: set[str] = set()
+        """The volume ids the publish path sets up (`release` to `publish_ended`): never
+        prepared meanwhile."""
         self._waiting: dict[str, tuple[Pod, Publication]] = {}
         """The volumes to prepare once the store holds their objects, by volume id."""
 
@@ -234,7 +238,7 @@ class Preparer:
                 continue  # claimed: adopted next, and refreshed as any volume
             if taken is not None:
                 assert self._nursery is not None
-                self._preparing.add(taken.publication.volume_id)
+                self._preparing[taken.publication.volume_id] = trio.Event()
                 self._nursery.start_soon(self._redo, taken)
         for pod, publication in list(self._waiting.values()):
             del self._waiting[publication.volume_id]
@@ -246,6 +250,7 @@ class Preparer:
         if (
             volume_id in self._preparing
             or volume_id in self._waiting
+            or volume_id in self._publishing
             or self.preparations.has(volume_id)
             or self._published(volume_id)
         ):
@@ -259,20 +264,20 @@ class Preparer:
         does (not read yet, refused to the node, or missing: its publish waits, or says why)."""
         assert self._nursery is not None
         volume_id = publication.volume_id
-        if self._published(volume_id):
+        if self._published(volume_id) or volume_id in self._publishing:
             return
         objects = referenced_objects(pod, publication.volume.source)
         if any(self._store.get(key) is None for key in objects):
             self._waiting[volume_id] = (pod, publication)
             return
-        self._preparing.add(volume_id)
+        self._preparing[volume_id] = trio.Event()
         self._nursery.start_soon(self._prepare, pod, publication)
 
     async def _redo(self, prepared: Prepared) -> None:
         """Release `prepared` and prepare it anew (its objects changed)."""
         pod, publication = prepared.pod, prepared.publication
         await self._unprepare(prepared)
-        self._preparing.discard(publication.volume_id)
+        self._prepared(publication.volume_id)
         if self._current(pod.key, pod.uid):
             self._start(pod, publication)
 
@@ -280,19 +285,24 @@ class Preparer:
         volume_id = publication.volume_id
         try:
             prepared = await self._served(pod, publication)
+            if prepared is None:
+                return
+            if not self._current(pod.key, pod.uid):
+                await self._unprepare(prepared)  # gone meanwhile
+                return
+            self.preparations.add(prepared)
         except Exception:  # a bug: this volume is not prepared, and nothing else changes
             log.exception("csi volume not prepared volume=%s", volume_id)
             return
         finally:
-            self._preparing.discard(volume_id)
-        if prepared is None:
-            return
-        if self._published(volume_id) or not self._current(pod.key, pod.uid):
-            await self._unprepare(prepared)  # published or gone meanwhile
-            return
-        self.preparations.add(prepared)
+            self._prepared(volume_id)
         if not self.preparations.fresh(prepared):  # changed meanwhile: unseen by `_again`
             self._again({key for key, _ in prepared.objects})
+
+    def _prepared(self, volume_id: str) -> None:
+        """The volume's preparation ended: prepared, or not."""
+        if (event := self._preparing.pop(volume_id, None)) is not None:
+            event.set()
 
     async def _served(self, pod: Pod, publication: Publication) -> Prepared | None:
         """Step 2 of the module docstring; None if the volume cannot be served."""
@@ -351,11 +361,22 @@ class Preparer:
                 await self._unprepare(taken)
 
     async def release(self, volume_id: str) -> None:
-        """Release the volume prepared under `volume_id`, if any (the publish path sets it up
-        itself); ABORTED while a publish of it is making its bind."""
+        """The publish path sets the volume up itself, until `publish_ended`: release what was
+        prepared under `volume_id`, if anything, once a preparation of it under way has ended,
+        and prepare it no more meanwhile. The set-up and a preparation take the same place among
+        the subtree's users: the one's release would take it from the other. ABORTED while a
+        publish of it in gRPC's thread is making its bind."""
+        while (preparing := self._preparing.get(volume_id)) is not None:
+            await preparing.wait()
         prepared = self.preparations.take(volume_id)
+        self._publishing.add(volume_id)
+        self._waiting.pop(volume_id, None)
         if prepared is not None:
             await self._unprepare(prepared)
+
+    def publish_ended(self, volume_id: str) -> None:
+        """The publish path is done with the volume (published, or not: it may be prepared)."""
+        self._publishing.discard(volume_id)
 
     async def _unprepare(self, prepared: Prepared) -> None:
         """Release a prepared volume; never raises (a subtree not removed is logged)."""

@@ -98,6 +98,37 @@ def test_an_object_edited_before_the_publish_is_served_as_the_store_holds_it(
         wait_for(lambda: read(kubelet.target(web, "config") / "a") == "3", timeout_s=5)
 
 
+def test_publishes_racing_the_preparation_of_an_edit_serve_every_later_edit(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """An edit makes the preparer prepare its volume again while kubelet's publish may come:
+    whichever path the publish takes, the volume it sets up is the one later edits reach (the
+    set-up and a preparation take the same place among the subtree's users; each volume here
+    has a subtree of its own, which the other's release would remove)."""
+    many = {f"k{n}": "v" for n in range(2000)}  # a preparation that takes its time
+
+    def config(i: int, value: str) -> dict[str, Any]:
+        return {"kind": "ConfigMap", "metadata": {"name": f"app{i}"}, "data": {"a": value, **many}}
+
+    with csi_agent() as (agent, kubelet):
+        targets = []
+        for i in range(8):
+            api.create(config(i, "0"))
+            web = pod(
+                f"web{i}",
+                f"dddddddd-0000-4000-8000-00000000010{i}",
+                volumes=[csi_volume("config", configMap=f"app{i}")],
+            )
+            api.create(web)
+            wait_for(lambda: csi_statistics(agent)["prepared"] == 1)
+            api.update(config(i, "1"))
+            time.sleep(0.002 * i)  # the publish at another moment of the new preparation
+            targets.append(kubelet.publish(web, "config"))
+        for i in range(8):
+            api.update(config(i, "last"))
+        wait_for(lambda: all(read(t / "a") == "last" for t in targets), timeout_s=5)
+
+
 def test_a_volume_prepared_for_a_pod_that_goes_before_its_publish_is_released(
     api: ApiServer, csi_agent: Callable[..., Any]
 ) -> None:
