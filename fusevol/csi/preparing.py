@@ -357,8 +357,13 @@ class Preparer:
                 taken = self.preparations.take(prepared.publication.volume_id)
             except CsiError:
                 continue  # claimed: its bind is made, and the trio thread adopts it next
-            if taken is not None:
-                await self._unprepare(taken)
+            if taken is not None:  # a publish of it waits meanwhile (`release`)
+                volume_id = taken.publication.volume_id
+                self._preparing[volume_id] = trio.Event()
+                try:
+                    await self._unprepare(taken)
+                finally:
+                    self._prepared(volume_id)
 
     async def release(self, volume_id: str) -> None:
         """The publish path sets the volume up itself, until `publish_ended`: release what was
