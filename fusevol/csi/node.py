@@ -51,12 +51,11 @@ from fusevol.base.errors import FusevolError
 from fusevol.csi import state
 from fusevol.csi.attributes import Code, CsiError, Publication, parse, unique_name
 from fusevol.csi.pods import bare_pod, known_pod, pod_of
-from fusevol.csi.preparing import Preparer
+from fusevol.csi.preparing import Preparer, csi_volume
 from fusevol.csi.tokens import delete_tokens, put_tokens, requests_tokens, token_projections
 from fusevol.csi.waiting import Waiter
 from fusevol.node.layout import plugin_for
 from fusevol.volumemanager.cache.actual import MountedVolume, MountState
-from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
@@ -65,7 +64,7 @@ if TYPE_CHECKING:
     from fusevol.csi.preparing import Prepared
     from fusevol.model import Pod, UniqueVolumeName, Volume
     from fusevol.volumemanager.cache.actual import ActualState
-    from fusevol.volumemanager.cache.desired import DesiredState, VolumeToServe
+    from fusevol.volumemanager.cache.desired import CsiVolume, DesiredState, VolumeToServe
     from fusevol.volumemanager.cache.store import ObjectStore
     from fusevol.volumemanager.reconciler.executor import Executor
     from fusevol.volumemanager.reconciler.volumes import Volumes
@@ -275,7 +274,7 @@ class CsiNode:
                     f"volume {volume_id}: its record in {self._records} cannot be written: "
                     f"{exc.strerror or exc}",
                 ) from None
-        self._desired.set_csi(_csi_volume(name, publication, pod))  # (4)
+        self._desired.set_csi(csi_volume(name, publication, pod))  # (4)
         self._set_up_now(name)
         try:
             await self._waiter.wait_served(name)  # (5)
@@ -334,7 +333,7 @@ class CsiNode:
             name = unique_name(publication.volume_id)
             self._add(publication)
             self._failing.pop(publication.volume_id, None)
-            self._desired.set_csi(_csi_volume(name, publication, prepared.pod))
+            self._desired.set_csi(csi_volume(name, publication, prepared.pod))
             mounted = self._volumes.bound(prepared.volume, prepared.served, device)
             self._adopt_mounted(mounted, seconds)
             self.prepared_publishes += 1
@@ -416,7 +415,7 @@ class CsiNode:
                 )
                 self._actual.mark_mounted(found)
                 self.restored.append(found)
-            self._desired.set_csi(_csi_volume(name, publication, pod))
+            self._desired.set_csi(csi_volume(name, publication, pod))
             self._add(publication)
         self._kick()
         records = [_record(p) for p in self._published.values()]
@@ -498,17 +497,6 @@ class CsiNode:
         (the thread waited for the GIL after each system call while the trio thread set up
         the pod's other volumes), and kubelet waited for it."""
         state.save(self._records, _record(publication))
-
-
-def _csi_volume(name: UniqueVolumeName, publication: Publication, pod: Pod) -> CsiVolume:
-    return CsiVolume(
-        name,
-        pod,
-        publication.volume,
-        publication.target,
-        publication.fs_group,
-        audit=publication.audit,
-    )
 
 
 def _record(publication: Publication) -> state.Record:

@@ -307,15 +307,7 @@ class Preparer:
     async def _served(self, pod: Pod, publication: Publication) -> Prepared | None:
         """Step 2 of the module docstring; None if the volume cannot be served."""
         name = unique_name(publication.volume_id)
-        csi = CsiVolume(
-            name,
-            pod,
-            publication.volume,
-            publication.target,
-            publication.fs_group,
-            audit=publication.audit,
-        )
-        resolved = self._resolve(csi)
+        resolved = self._resolve(csi_volume(name, publication, pod))
         keys = referenced_objects(pod, publication.volume.source)
         objects = tuple((key, self._store.get(key)) for key in keys)  # before: see `Prepared`
         try:
@@ -412,6 +404,18 @@ class Preparer:
         """The store still holds the pod `uid` at `key`."""
         stored = self._store.get(key, Pod)
         return stored is not None and stored.uid == uid
+
+
+def csi_volume(name: UniqueVolumeName, publication: Publication, pod: Pod) -> CsiVolume:
+    """What the desired state holds of a published volume."""
+    return CsiVolume(
+        name,
+        pod,
+        publication.volume,
+        publication.target,
+        publication.fs_group,
+        audit=publication.audit,
+    )
 
 
 def _ours(pod: Pod) -> list[tuple[Volume, CSIVolumeSource]]:

@@ -121,16 +121,7 @@ class Volumes:
         else:
             inputs = self.inputs(volume)
             path = str(await self.mounted.set_up(volume))
-        path = sys.intern(path)  # the mount table holds it too (`MountTable.bound`): one copy
-        return MountedVolume(
-            volume.name,
-            plugin,
-            volume.pod.uid,
-            volume.spec_name,
-            path,
-            inputs,
-            updated_at=time.time(),
-        )
+        return _mounted(volume, plugin, path, inputs)
 
     async def prepare(self, volume: VolumeToServe) -> Prepared:
         """A served volume made ready to bind, in a thread, later (`ServedVolumes.prepare`)."""
@@ -141,16 +132,7 @@ class Volumes:
         """The bind of `prepared` was made: the volume, set up as `set_up` leaves one."""
         plugin = _require_plugin(volume)
         self.served.bound(prepared, device)
-        path = sys.intern(str(prepared.target))
-        return MountedVolume(
-            volume.name,
-            plugin,
-            volume.pod.uid,
-            volume.spec_name,
-            path,
-            prepared.inputs,
-            updated_at=time.time(),
-        )
+        return _mounted(volume, plugin, str(prepared.target), prepared.inputs)
 
     async def unprepare(self, volume: VolumeToServe) -> None:
         """Undo `prepare` of a volume whose bind was never made."""
@@ -176,6 +158,14 @@ class Volumes:
         on the node's disk, with nothing mounted below: in batches, as 2000 pods go at once)."""
         pod_dir = layout.pod_dir(self._root, uid)
         await self._pod_dirs.call(functools.partial(remove_pod_dir, pod_dir))
+
+
+def _mounted(volume: VolumeToServe, plugin: Plugin, path: str, inputs: Hashable) -> MountedVolume:
+    """The volume set up at `path` from `inputs`."""
+    path = sys.intern(path)  # the mount table holds it too (`MountTable.bound`): one copy
+    return MountedVolume(
+        volume.name, plugin, volume.pod.uid, volume.spec_name, path, inputs, updated_at=time.time()
+    )
 
 
 def _require_plugin(volume: VolumeToServe) -> Plugin:
