@@ -1,7 +1,8 @@
 """The CSI node plugin's work, on the trio side: publish, unpublish, and serving the published
 targets again after a restart. The gRPC side (`fusevol.csi.server`) calls in from its threads.
 
-The reconciler stays the one place where volumes are set up and torn down. A publish:
+The reconciler is where volumes are set up and torn down; only a prepared volume's bind is made
+outside it (below), and the reconciler takes the volume over at once. A publish:
     1. checks the request (`attributes.parse`: attributes, target, handle; in the gRPC thread
        that received it, before the call reaches the loop) and that its pod is a pod of this
        node the source knows (`pods`: same namespace, name, uid and service account,
@@ -25,6 +26,12 @@ The reconciler stays the one place where volumes are set up and torn down. A pub
        failed, or PUBLISH_TIMEOUT_S passed). A failed first publish is forgotten again (kubelet
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
        then holds the volume as uncertain, and unpublishes it in any case).
+A volume prepared when its pod arrived (`preparing`), whose request is the one it was prepared
+for, is published in gRPC's thread instead: its record written and its bind made there
+(`publish_prepared`), and adopted by the trio thread right after, before any later call of
+kubelet's is served (`adopt_published`): desired state, actual state and mount table as a set-up
+leaves them, counted as a mount. Steps 1 to 5, the publish path, start by releasing whatever was
+prepared for the volume (the set-up there serves it anew).
 A forgotten volume is in no state the reconciler reports, so the failed publishes of each are
 counted here (`failing`: `fusevol_volume_failures`, operation mount) until one succeeds, kubelet
 unpublishes it, or its pod is gone (kubelet never unpublishes a volume it never mounted).
