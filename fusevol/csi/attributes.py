@@ -45,6 +45,7 @@ from fusevol.base.errors import FusevolError, ManifestError
 from fusevol.decode.reader import MAX_DATA_BYTES, Reader
 from fusevol.decode.volume_sources import CSI_DRIVER, parse_volumes
 from fusevol.model import (
+    CSIVolumeSource,
     InvalidVolumeSource,
     Pod,
     PodUID,
@@ -312,25 +313,19 @@ def _volume_source(
 read_source = _volume_source  # public: fusevol.webhook reads its conversions back through it
 
 
-def pod_sources(pod: Pod, raw: Mapping[str, object]) -> list[VolumeSource]:
-    """What the `fusevol.io` volumes of `pod` serve, read from the pod as the API server has it
-    (`raw`), before kubelet publishes them (the API source tracks what they reference from the
-    moment it sees the pod). A volume whose attributes do not read, in whatever way (a tenant
-    wrote them), is left out: its publish refuses it, saying why."""
+def pod_sources(pod: Pod) -> list[VolumeSource]:
+    """What the `fusevol.io` volumes of `pod` serve (their attributes, as the store keeps them:
+    `CSIVolumeSource`), before kubelet publishes them (the API source tracks what they reference
+    from the moment it sees the pod). A volume whose attributes do not read, in whatever way (a
+    tenant wrote them), is left out: its publish refuses it, saying why."""
     identity = PodIdentity(pod.namespace, pod.name, pod.uid, pod.service_account_name)
-    spec = raw.get("spec")
-    volumes = spec.get("volumes") if isinstance(spec, dict) else None
     sources: list[VolumeSource] = []
-    for entry in volumes if isinstance(volumes, list) else ():
-        csi = entry.get("csi") if isinstance(entry, dict) else None
-        if not isinstance(csi, dict) or csi.get("driver") != DRIVER:
-            continue
-        attributes = csi.get("volumeAttributes")
-        if not isinstance(attributes, dict):
+    for volume in pod.volumes:
+        source = volume.source
+        if not isinstance(source, CSIVolumeSource) or source.driver != DRIVER:
             continue
         try:
-            context = {str(k): str(v) for k, v in attributes.items()}
-            sources.append(_volume_source(context, identity, str(entry.get("name", ""))))
+            sources.append(_volume_source(dict(source.attributes), identity, volume.name))
         except Exception:  # a tenant wrote them: left to its publish (docstring)
             continue
     return sources

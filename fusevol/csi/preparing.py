@@ -266,12 +266,12 @@ class Preparer:
         volume_id = publication.volume_id
         if self._published(volume_id) or volume_id in self._publishing:
             return
-        objects = referenced_objects(pod, publication.volume.source)
-        if any(self._store.get(key) is None for key in objects):
+        keys = referenced_objects(pod, publication.volume.source)
+        if any(self._store.get(key) is None for key in keys):
             self._waiting[volume_id] = (pod, publication)
             return
         self._preparing[volume_id] = trio.Event()
-        self._nursery.start_soon(self._prepare, pod, publication)
+        self._nursery.start_soon(self._prepare, pod, publication, keys)
 
     async def _redo(self, prepared: Prepared) -> None:
         """Release `prepared` and prepare it anew (its objects changed)."""
@@ -281,10 +281,12 @@ class Preparer:
         if self._current(pod.key, pod.uid):
             self._start(pod, publication)
 
-    async def _prepare(self, pod: Pod, publication: Publication) -> None:
+    async def _prepare(
+        self, pod: Pod, publication: Publication, keys: tuple[ObjectKey, ...]
+    ) -> None:
         volume_id = publication.volume_id
         try:
-            prepared = await self._served(pod, publication)
+            prepared = await self._served(pod, publication, keys)
             if prepared is None:
                 return
             if not self._current(pod.key, pod.uid):
@@ -304,11 +306,13 @@ class Preparer:
         if (event := self._preparing.pop(volume_id, None)) is not None:
             event.set()
 
-    async def _served(self, pod: Pod, publication: Publication) -> Prepared | None:
-        """Step 2 of the module docstring; None if the volume cannot be served."""
+    async def _served(
+        self, pod: Pod, publication: Publication, keys: tuple[ObjectKey, ...]
+    ) -> Prepared | None:
+        """Step 2 of the module docstring, for a volume that references `keys`; None if it
+        cannot be served."""
         name = unique_name(publication.volume_id)
         resolved = self._resolve(csi_volume(name, publication, pod))
-        keys = referenced_objects(pod, publication.volume.source)
         objects = tuple((key, self._store.get(key)) for key in keys)  # before: see `Prepared`
         try:
             served = await self._volumes.prepare(resolved)

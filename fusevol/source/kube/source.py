@@ -117,12 +117,12 @@ class KubeSource:
         recorder: KubeVolumeRecorder | None = None,
         pod_volumes: bool = True,
         read_as_pod: bool = False,
-        csi_sources: Callable[[Pod, Obj], list[VolumeSource]] | None = None,
+        csi_sources: Callable[[Pod], list[VolumeSource]] | None = None,
     ) -> None:
         """`pod_volumes`: the pods' own volumes are served here (False: CSI only).
-        `read_as_pod`: CSI volumes' objects are read with their pods' tokens. `csi_sources(pod,
-        raw)`: what the pod's CSI volumes serve, read from the pod as the API server has it
-        (`fusevol.csi.attributes.pod_sources`; None: nothing is tracked before a publish)."""
+        `read_as_pod`: CSI volumes' objects are read with their pods' tokens. `csi_sources(pod)`:
+        what the pod's CSI volumes serve (`fusevol.csi.attributes.pod_sources`; None: nothing is
+        tracked before a publish)."""
         self._csi_sources = csi_sources
         self._pod_volumes = pod_volumes
         self.node_identity: str | None = None
@@ -256,7 +256,7 @@ class KubeSource:
             if isinstance(pod, Pod):
                 listed[pod.key] = pod
                 self._digests[pod.key] = _digest(raw)
-                self._expect_csi(pod, raw)
+                self._expect_csi(pod)
             else:
                 kept.add(_key_of(raw))
         items.clear()  # freed now, not after the delivery's wait for thousands of objects
@@ -271,10 +271,10 @@ class KubeSource:
             return  # its status changed (kubelet's updates): nothing a volume shows
         if isinstance(pod := convert(raw, origin=self._origin), Pod):
             self._digests[key] = digest
-            self._expect_csi(pod, raw)
+            self._expect_csi(pod)
             await self._deliver([pod], removed=set())
 
-    def _expect_csi(self, pod: Pod, raw: Obj) -> None:
+    def _expect_csi(self, pod: Pod) -> None:
         """Track what the pod's `fusevol.io` volumes reference, as kubelet will publish them
         (module docstring). Once per pod (a pod's volumes never change)."""
         if self._csi_sources is None or self._pod_volumes or self._csi.read_as_pod:
@@ -283,7 +283,7 @@ class KubeSource:
             return
         self._expected[pod.key] = pod.uid
         keys: set[ObjectKey] = set()
-        for source in self._csi_sources(pod, raw):
+        for source in self._csi_sources(pod):
             keys |= self._volume_references(pod, source)
         if self.node_identity is not None:  # what the Node authorizer lets this node read
             keys &= self._references([pod])
