@@ -15,7 +15,8 @@ A publish whose request is that very `Publication` (`Preparations.claim`, in gRP
 pod's identity, its attributes, target and fsGroup are all in it) writes its record, makes the
 bind there and is answered (`CsiNode.publish_prepared`): it waits for nothing the trio thread
 does, such as the other publishes of a burst. The trio thread then takes the volume over, in
-the order of the calls (`CsiNode._adopt`: desired state, actual state, mount table; a change of
+the order of the calls, once kubelet's calls in flight are answered (`CsiNode._adopt`, scheduled
+by `fusevol.csi.server`: desired state, actual state, mount table; a change of
 its objects since it was prepared is the reconciler's refresh, as for any volume), and the source
 tracks what it references until its unpublish, as a publish has it do (`adopted`).
 Anything else takes the publish path of `node`: a volume not prepared yet, one whose request
