@@ -235,13 +235,19 @@ def _check_target(target_path: str, uid: str, kubelet_dir: Path, *, made: bool) 
             f"target_path {target_path!r} is not {kubelet_dir}/pods/{uid}/volumes/"
             "kubernetes.io~csi/<volume>/mount (the kubelet directory is --kubelet-dir)",
         )
-    if made and not _directories(kubelet_dir / "pods", parts[-5:-1]):
+    if made and not target_made(target_path, kubelet_dir):
         raise CsiError(
             Code.INVALID_ARGUMENT,
             f"target_path {target_path!r}: its parent is not a directory kubelet made "
             "(missing, or a symlink)",
         )
     return parts[-2]
+
+
+def target_made(target_path: str, kubelet_dir: Path) -> bool:
+    """Whether the directories kubelet makes for a CSI target (its pod's, and the volume's,
+    which holds the target) are there, none of them a symlink: of a target path `parse` took."""
+    return _directories(kubelet_dir / "pods", Path(target_path).parts[-5:-1])
 
 
 def _same_directory(given: Path, kubelet_dir: Path) -> bool:

@@ -56,7 +56,7 @@ import trio
 
 from fusevol.base.errors import FusevolError
 from fusevol.csi import state
-from fusevol.csi.attributes import Code, CsiError, Publication, parse, unique_name
+from fusevol.csi.attributes import Code, CsiError, Publication, parse, target_made, unique_name
 from fusevol.csi.pods import bare_pod, known_pod, pod_of
 from fusevol.csi.preparing import Preparer, csi_volume
 from fusevol.csi.tokens import delete_tokens, put_tokens, requests_tokens, token_projections
@@ -302,9 +302,14 @@ class CsiNode:
         else:
             await self._preparer.run()
 
-    def claim(self, publication: Publication) -> Prepared | None:
-        """In gRPC's thread: the volume prepared for this very request, to `publish_prepared`."""
-        return None if self._preparer is None else self._preparer.preparations.claim(publication)
+    def claim(
+        self, volume_id: str, target_path: str, context: Mapping[str, str], mount_group: str
+    ) -> Prepared | None:
+        """In gRPC's thread: the volume prepared for this very request, as kubelet sent it
+        (`Preparations.claim`), to `publish_prepared`."""
+        if self._preparer is None:
+            return None
+        return self._preparer.preparations.claim(volume_id, target_path, context, mount_group)
 
     def publish_prepared(self, prepared: Prepared) -> bool:
         """In gRPC's thread: publish a claimed volume (record, bind), for the trio thread to
@@ -312,6 +317,9 @@ class CsiNode:
         publish path then tries, and says what fails)."""
         publication = prepared.publication
         started = time.monotonic()
+        if not target_made(str(publication.target), self.kubelet_dir):
+            self._preparer_of().preparations.unclaim(prepared)
+            return False  # the publish path says what is wrong with it
         try:
             self._write(publication)
             device = prepared.served.bind()

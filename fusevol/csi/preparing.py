@@ -11,13 +11,14 @@ node is in the store (`Preparer.run`), each of its `fusevol.io` volumes is
        `fusevol.io` volumes reference when it sees the pod; only what the Node authorizer lets
        the node read before a publish): its subtree published, the volume among its users, the
        bind's arguments taken from the mount table (`Volumes.prepare`); not bound.
-A publish whose request is that very `Publication` (`Preparations.claim`, in gRPC's thread; the
-pod's identity, its attributes, target and fsGroup are all in it) writes its record, makes the
-bind there and is answered (`CsiNode.publish_prepared`): it waits for nothing the trio thread
-does, such as the other publishes of a burst. The trio thread then takes the volume over, in
-the order of the calls, once kubelet's calls in flight are answered (`CsiNode._adopt`, scheduled
-by `fusevol.csi.server`: desired state, actual state, mount table; a change of
-its objects since it was prepared is the reconciler's refresh, as for any volume), and the source
+A publish whose request is that very one (`Preparations.claim`, in gRPC's thread, compared as
+kubelet sends it, before any parsing: the pod's identity, its attributes, handle, target and
+fsGroup are all in it), and whose target's directories kubelet has made, writes its record,
+makes the bind there and is answered (`CsiNode.publish_prepared`): it waits for nothing the
+trio thread does, such as the other publishes of a burst. The trio thread then takes the volume
+over, in the order of the calls, once kubelet's calls in flight are answered (`CsiNode._adopt`,
+scheduled by `fusevol.csi.server`: desired state, actual state, mount table; a change of its
+objects since it was prepared is the reconciler's refresh, as for any volume), and the source
 tracks what it references until its unpublish, as a publish has it do (`adopted`).
 Anything else takes the publish path of `node`: a volume not prepared yet, one whose request
 differs (another fsGroup, say), one whose tokens come with the publish, a source that reads as
@@ -32,7 +33,6 @@ Excludes: the publish itself (`node`), what a request says (`attributes`).
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from dataclasses import dataclass
@@ -48,6 +48,7 @@ from fusevol.csi.attributes import (
     POD_NAMESPACE,
     POD_UID,
     SERVICE_ACCOUNT,
+    TOKENS,
     Code,
     CsiError,
     Publication,
@@ -61,7 +62,7 @@ from fusevol.model import CSIVolumeSource, Kind, Pod, referenced_objects
 from fusevol.volumemanager.cache.desired import CsiVolume
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
     from pathlib import Path
 
     from fusevol.csi.node import Tracker
@@ -92,6 +93,20 @@ class Prepared:
     adopt it: no one else may use or release it."""
 
 
+def _requested(
+    expected: Publication, target_path: str, context: Mapping[str, str], mount_group: str
+) -> bool:
+    """Whether a request says what the `expected` one said (`Publication.attributes`: the
+    volume context without kubelet's tokens)."""
+    attributes = expected.attributes
+    return (
+        target_path == str(expected.target)
+        and mount_group == ("" if expected.fs_group is None else str(expected.fs_group))
+        and len(context) - (TOKENS in context) == len(attributes)
+        and all(context.get(key) == value for key, value in attributes.items())
+    )
+
+
 class Preparations:
     """The prepared volumes, by volume id: the trio thread adds and releases them, gRPC's
     threads claim them. Thread-safe."""
@@ -106,19 +121,20 @@ class Preparations:
         with self._lock:
             self._by_id[prepared.publication.volume_id] = prepared
 
-    def claim(self, publication: Publication) -> Prepared | None:
-        """The volume prepared for exactly this request, now the caller's to bind; None if
-        there is none (or another call has it, or its objects changed since). kubelet's tokens
-        are not compared: a prepared volume has no token projection, and every publish carries
-        them when the CSIDriver asks for any (`tokenRequests`)."""
-        if publication.tokens:
-            publication = dataclasses.replace(publication, tokens={})
+    def claim(
+        self, volume_id: str, target_path: str, context: Mapping[str, str], mount_group: str
+    ) -> Prepared | None:
+        """The volume prepared for exactly this request, as kubelet sends it (before any
+        parsing: the expected one was parsed when it was prepared), now the caller's to bind;
+        None if there is none (or another call has it, or its objects changed since). kubelet's
+        tokens are not compared: a prepared volume has no token projection, and every publish
+        carries them when the CSIDriver asks for any (`tokenRequests`)."""
         with self._lock:
-            prepared = self._by_id.get(publication.volume_id)
+            prepared = self._by_id.get(volume_id)
             if (
                 prepared is None
                 or prepared.claimed
-                or prepared.publication != publication
+                or not _requested(prepared.publication, target_path, context, mount_group)
                 or not self.fresh(prepared)
             ):
                 return None

@@ -242,22 +242,27 @@ class CsiServer:
                 f"volume_capability: {DRIVER} volumes are file systems (mount), not block devices",
             )
 
+        volume_context = dict(request.volume_context)
+        mount_group = capability.mount.volume_mount_group
+        # Prepared for this very request (`fusevol.csi.preparing`): published in this thread.
+        if not self._forwarding.is_set():
+            prepared = self.node.claim(
+                request.volume_id, request.target_path, volume_context, mount_group
+            )
+            if prepared is not None and self.node.publish_prepared(prepared):
+                return pb.NodePublishVolumeResponse()
         try:
             # Checked here, in gRPC's thread: the realpaths of its target are system calls, which
             # the trio thread, busy with the other publishes of a burst, need not make.
             publication = parse(
                 volume_id=request.volume_id,
                 target_path=request.target_path,
-                context=dict(request.volume_context),
-                volume_mount_group=capability.mount.volume_mount_group,
+                context=volume_context,
+                volume_mount_group=mount_group,
                 kubelet_dir=self.node.kubelet_dir,
             )
         except CsiError as exc:
             _refuse(context, exc)
-        # Prepared for this very request (`fusevol.csi.preparing`): published in this thread.
-        prepared = None if self._forwarding.is_set() else self.node.claim(publication)
-        if prepared is not None and self.node.publish_prepared(prepared):
-            return pb.NodePublishVolumeResponse()
 
         async def publish() -> None:
             await self.node.publish(publication)

@@ -196,7 +196,8 @@ class Kubelet:
             return
         for path in (target, target.parent / "vol_data.json", target.parent):
             with contextlib.suppress(FileNotFoundError):
-                path.rmdir() if path.is_dir() else path.unlink()
+                # os.Remove: a symlink itself, never what it points to
+                path.rmdir() if path.is_dir() and not path.is_symlink() else path.unlink()
 
 
 def is_mount_point(path: Path) -> bool:

@@ -166,6 +166,31 @@ def test_a_publish_unlike_the_prepared_volume_takes_the_publish_path(
         assert mounts_below(kubelet_dir) == []
 
 
+def test_a_prepared_volume_whose_target_is_below_a_symlink_is_refused_and_bound_nowhere(
+    api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path, tmp_path: Path
+) -> None:
+    """The request is compared as kubelet sends it, but the directories above the target are
+    checked all the same: a volume directory that is a symlink (to anywhere) gets the publish
+    path's refusal, and no bind is made through it."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "app"}, "data": {"a": "1"}})
+    web = pod(volumes=[csi_volume("config", configMap="app")])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    with csi_agent() as (agent, kubelet):
+        api.create(web)
+        wait_for(lambda: csi_statistics(agent)["prepared"] == 1)
+        volumes = kubelet_dir / "pods" / UID / "volumes" / "kubernetes.io~csi"
+        volumes.mkdir(parents=True)
+        (volumes / "config").symlink_to(elsewhere)
+        with pytest.raises(grpc.RpcError) as refused:
+            kubelet.publish(web, "config")
+        assert refused.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert "not a directory kubelet made" in (refused.value.details() or "")
+        assert mounts_below(kubelet_dir) == []
+        assert mounts_below(elsewhere) == []
+        assert csi_statistics(agent)["prepared_publishes"] == 0
+
+
 def test_volumes_a_tenant_made_unpreparable_are_refused_at_their_publish_as_before(
     api: ApiServer, csi_agent: Callable[..., Any]
 ) -> None:
