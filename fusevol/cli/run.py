@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 from typing import TYPE_CHECKING
 
 from fusevol.base import heap, log
@@ -31,15 +30,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-SWITCH_INTERVAL_S = 0.001
-"""The agent's GIL switch interval; Python's default is 5 ms. A thread that wants the GIL while
-another runs Python waits this long before the holder is made to let it go, and the trio thread
-(FUSE, the sources, the reconciler) runs Python most of the time: kubelet's CSI calls, answered
-in gRPC's threads, each waited up to 5 ms for it several times. On the cluster kit, a pod's 4
-converted volumes took 12.0-16.1 ms from the first mount started to the last set up with 5 ms,
-10.4 ms with 1 ms (medians of 10 lone pods each)."""
-
-
 def main(args: argparse.Namespace) -> int:
     """`fusevol run`, in the agent's process (the launcher's child, or the only one)."""
     import trio  # here: `fusevol run`'s launcher (fusevol.agent.launcher) starts fast without it
@@ -47,7 +37,6 @@ def main(args: argparse.Namespace) -> int:
     from fusevol.agent.app import run_until_signalled
     from fusevol.projection.downward import node_allocatable
 
-    sys.setswitchinterval(SWITCH_INTERVAL_S)
     heap.one_arena()  # before the first thread
     heap.map_large_blocks()
     log.setup(args.log_level)

@@ -28,10 +28,9 @@ outside it (below), and the reconciler takes the volume over at once. A publish:
        then holds the volume as uncertain, and unpublishes it in any case).
 A volume prepared when its pod arrived (`preparing`), whose request is the one it was prepared
 for, is published in gRPC's thread instead: its record written and its bind made there
-(`publish_prepared`), and adopted by the trio thread once kubelet's calls in flight are
-answered (the server says when: `adopt_published`), and in any case before anything reads or
-changes what is published: desired state, actual state and mount table as a set-up leaves them,
-counted as a mount. Steps 1 to 5, the publish path, start by releasing whatever was
+(`publish_prepared`), and adopted by the trio thread right after, before any later call of
+kubelet's is served (`adopt_published`): desired state, actual state and mount table as a set-up
+leaves them, counted as a mount. Steps 1 to 5, the publish path, start by releasing whatever was
 prepared for the volume (the set-up there serves it anew).
 A forgotten volume is in no state the reconciler reports, so the failed publishes of each are
 counted here (`failing`: `fusevol_volume_failures`, operation mount) until one succeeds, kubelet
@@ -47,6 +46,7 @@ are requested by the API source until kubelet's next republish brings its own.
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import time
 from dataclasses import dataclass
@@ -196,10 +196,9 @@ class CsiNode:
             if prepare
             else None
         )
-        self._to_adopt: collections.deque[tuple[Prepared, str, float, float]] = collections.deque()
+        self._to_adopt: collections.deque[tuple[Prepared, str, float]] = collections.deque()
         """Published in gRPC's threads, to adopt (`adopt_published`): appended there, taken
-        here (a deque's append and popleft are atomic); each with its device, the seconds its
-        publish took and when it ended."""
+        here (a deque's append and popleft are atomic)."""
         self.prepared_publishes = 0
         """Publishes answered in gRPC's thread (`preparing`)."""
 
@@ -311,10 +310,10 @@ class CsiNode:
             return None
         return self._preparer.preparations.claim(volume_id, target_path, context, mount_group)
 
-    def publish_prepared(self, prepared: Prepared) -> bool:
-        """In gRPC's thread: publish a claimed volume (record, bind), for the trio thread to
-        adopt (`adopt_published`); False if that failed, and the volume is unclaimed again (the
-        publish path then tries, and says what fails)."""
+    def publish_prepared(self, prepared: Prepared, token: trio.lowlevel.TrioToken) -> bool:
+        """In gRPC's thread: publish a claimed volume (record, bind) and have the trio thread
+        adopt it (`token`: the agent's loop); False if that failed, and the volume is
+        unclaimed again (the publish path then tries, and says what fails)."""
         publication = prepared.publication
         started = time.monotonic()
         if not target_made(str(publication.target), self.kubelet_dir):
@@ -327,27 +326,18 @@ class CsiNode:
             log.info("csi prepared publish failed volume=%s: %s", publication.volume_id, exc)
             self._preparer_of().preparations.unclaim(prepared)
             return False
-        ended = time.monotonic()
-        self._to_adopt.append((prepared, device, ended - started, ended))
+        self._to_adopt.append((prepared, device, time.monotonic() - started))
+        # A stopped agent's successor serves the volume again from its record.
+        with contextlib.suppress(trio.RunFinishedError):
+            token.run_sync_soon(self.adopt_published)
         return True
 
-    def unadopted_since(self) -> float | None:
-        """In any thread: when (`time.monotonic`) the oldest publish the trio thread has yet to
-        adopt was made; None if there is none."""
-        try:
-            return self._to_adopt[0][3]
-        except IndexError:
-            return None
-
     def adopt_published(self) -> None:
-        """On the trio thread: adopt the volumes published in gRPC's threads so far. Called when
-        the server sees kubelet's calls in flight answered (it schedules it: each adoption
-        holds the GIL for about a millisecond, which the calls of a pod's other volumes would
-        wait for), and first by whatever reads or changes what is published (a call of
-        kubelet's, the metrics), so that each sees every publish answered before it."""
+        """On the trio thread: adopt the volumes published in gRPC's threads so far. Called by
+        the loop after each, and first by whatever reads or changes what is published (a call
+        of kubelet's, the metrics), so that each sees every publish answered before it."""
         while self._to_adopt:
-            prepared, device, seconds, _ = self._to_adopt.popleft()
-            self._adopt(prepared, device, seconds)
+            self._adopt(*self._to_adopt.popleft())
 
     def _adopt(self, prepared: Prepared, device: str, seconds: float) -> None:
         """A prepared volume was published: set up as any, from now on. Never raises (a

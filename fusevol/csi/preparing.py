@@ -16,9 +16,9 @@ kubelet sends it, before any parsing: the pod's identity, its attributes, handle
 fsGroup are all in it), and whose target's directories kubelet has made, writes its record,
 makes the bind there and is answered (`CsiNode.publish_prepared`): it waits for nothing the
 trio thread does, such as the other publishes of a burst. The trio thread then takes the volume
-over, in the order of the calls, once kubelet's calls in flight are answered (`CsiNode._adopt`,
-scheduled by `fusevol.csi.server`: desired state, actual state, mount table; a change of its
-objects since it was prepared is the reconciler's refresh, as for any volume), and the source
+over, in the order of the calls (`CsiNode._adopt`: desired state, actual state, mount table; a
+change of its objects since it was prepared is the reconciler's refresh, as for any volume),
+and the source
 tracks what it references until its unpublish, as a publish has it do (`adopted`).
 Anything else takes the publish path of `node`: a volume not prepared yet, one whose request
 differs (another fsGroup, say), one whose tokens come with the publish, a source that reads as

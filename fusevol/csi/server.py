@@ -27,12 +27,10 @@ without a kubelet retry. A tear-down removes both sockets (kubelet then forgets 
 from __future__ import annotations
 
 import contextlib
-import functools
 import logging
 import os
 import stat
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -67,10 +65,6 @@ LINGER_S = 30.0
 """How long a handing-over stop waits for its successor's CSI socket, forwarding Node calls."""
 FORWARD_GRACE_S = 30.0
 """How long it then still gives the forwarded calls in flight to get their answers."""
-ADOPT_WITHIN_S = 0.05
-"""How long a prepared publish waits at most for its adoption (`CsiNode.adopt_published`) while
-kubelet's calls keep coming: adopted once no Node call is in flight, or when a call ends after
-that long."""
 
 
 def socket_path(endpoint: str) -> Path:
@@ -118,9 +112,6 @@ class CsiServer:
         """Set once the successor's socket is in place, or `linger` gave up waiting for it."""
         self._in_flight: set[trio.CancelScope] = set()
         """The calls being served in trio: a handing-over stop interrupts them (`_forward`)."""
-        self._calls = 0
-        """Node calls in gRPC's threads (`_counted`)."""
-        self._calls_lock = threading.Lock()
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve until cancelled: restore the recorded targets, then listen, and prepare the
@@ -184,21 +175,15 @@ class CsiServer:
             "Probe": unary(pb.ProbeRequest, self._probe),
         }
         node = {
-            "NodeGetInfo": unary(pb.NodeGetInfoRequest, self._counted(self._node_get_info)),
-            "NodeGetCapabilities": unary(
-                pb.NodeGetCapabilitiesRequest, self._counted(node_capabilities)
-            ),
+            "NodeGetInfo": unary(pb.NodeGetInfoRequest, self._node_get_info),
+            "NodeGetCapabilities": unary(pb.NodeGetCapabilitiesRequest, node_capabilities),
             "NodePublishVolume": unary(
                 pb.NodePublishVolumeRequest,
-                self._counted(
-                    self._or_successor(publish, self._publish, pb.NodePublishVolumeResponse)
-                ),
+                self._or_successor(publish, self._publish, pb.NodePublishVolumeResponse),
             ),
             "NodeUnpublishVolume": unary(
                 pb.NodeUnpublishVolumeRequest,
-                self._counted(
-                    self._or_successor(unpublish, self._unpublish, pb.NodeUnpublishVolumeResponse)
-                ),
+                self._or_successor(unpublish, self._unpublish, pb.NodeUnpublishVolumeResponse),
             ),
         }
         return [
@@ -249,7 +234,8 @@ class CsiServer:
             prepared = self.node.claim(
                 request.volume_id, request.target_path, volume_context, mount_group
             )
-            if prepared is not None and self.node.publish_prepared(prepared):
+            assert self._token is not None
+            if prepared is not None and self.node.publish_prepared(prepared, self._token):
                 return pb.NodePublishVolumeResponse()
         try:
             # Checked here, in gRPC's thread: the realpaths of its target are system calls, which
@@ -281,38 +267,6 @@ class CsiServer:
 
         self._in_trio(context, unpublish, forwardable=True)
         return pb.NodeUnpublishVolumeResponse()
-
-    def _counted(
-        self, handler: Callable[[Any, grpc.ServicerContext], Message]
-    ) -> Callable[[Any, grpc.ServicerContext], Message]:
-        """`handler`, counted among the Node calls in flight. kubelet sets a pod's CSI volumes
-        up at once, each with three calls; the prepared publishes among them are adopted by
-        the trio thread once none is in flight (or `ADOPT_WITHIN_S` after the first), rather
-        than one by one between them, where each adoption's GIL would delay the pod's other
-        calls."""
-
-        @functools.wraps(handler)
-        def call(request: Any, context: grpc.ServicerContext) -> Message:
-            with self._calls_lock:
-                self._calls += 1
-            try:
-                return handler(request, context)
-            finally:
-                with self._calls_lock:
-                    self._calls -= 1
-                    idle = self._calls == 0
-                self._adopt_if_due(idle)
-
-        return call
-
-    def _adopt_if_due(self, idle: bool) -> None:
-        since = self.node.unadopted_since()
-        if since is None or self._token is None:
-            return
-        if idle or time.monotonic() - since >= ADOPT_WITHIN_S:
-            # A stopped agent's successor serves the volume again from its record.
-            with contextlib.suppress(trio.RunFinishedError):
-                self._token.run_sync_soon(self.node.adopt_published)
 
     def _in_trio(
         self, context: grpc.ServicerContext, fn: Callable[[], Any], *, forwardable: bool = False
