@@ -8,10 +8,11 @@ CSI server, fusevol.io's own Node capabilities (`fusevol.csi.server.node_capabil
 NodePublishVolume a read-only bind of one directory (`fusevol.mount.syscalls.bind`, what
 fusevol's mount helper does, less making the bind shared), answered in the gRPC thread. What a
 converted volume costs beyond it is fusevol's own work. On the cluster kit the same floor (a
-host process registered as a second driver) took 11.0-13.9 ms from a pod's first mount started
-to its last set up (4 volumes), against 6.9-7.6 ms with kubelet's own volumes and 14.0-16.6 ms
-through fusevol, whose publishes of prepared volumes are one bind in gRPC's thread (medians of
-10 lone pods each: README, "Limits (today)").
+host process registered as a second driver) took 8.3 ms from a pod's first mount started to its
+last set up (4 volumes), against 4.7 ms with kubelet's own volumes, 5.7 ms through the same
+floor in Go (`bench/csi_floor.go`) and 11.1 ms through fusevol, whose publishes of prepared
+volumes are one bind in gRPC's thread (medians of 15 lone pods each, interleaved: README,
+"Limits (today)").
 
     .venv/bin/python bench/csi_floor.py SOCKET SOURCE     (root: binds; serves until killed)
 """
