@@ -18,8 +18,8 @@ makes the bind there and is answered (`CsiNode.publish_prepared`): it waits for 
 trio thread does, such as the other publishes of a burst. The trio thread then takes the volume
 over, in the order of the calls (`CsiNode._adopt`: desired state, actual state, mount table; a
 change of its objects since it was prepared is the reconciler's refresh, as for any volume),
-and the source
-tracks what it references until its unpublish, as a publish has it do (`adopted`).
+and the source tracks what it references until its unpublish, as a publish has it do
+(`adopted`).
 Anything else takes the publish path of `node`: a volume not prepared yet, one whose request
 differs (another fsGroup, say), one whose tokens come with the publish, a source that reads as
 the pod (the pod's token comes with the publish: `prepare` is off), a volume whose preparation
