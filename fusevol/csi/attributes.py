@@ -152,7 +152,7 @@ def parse(
             f"volume_id {volume_id!r} is not kubelet's handle of volume {volume_name!r} of pod "
             f"{pod.namespace}/{pod.name} ({expected}); only inline ephemeral volumes are served",
         )
-    attributes = {k: v for k, v in context.items() if k != TOKENS}
+    attributes = without_tokens(context)
     source = _volume_source(attributes, pod, volume_name)
     fs_group = None
     if volume_mount_group:
@@ -172,6 +172,16 @@ def parse(
         _tokens(context.get(TOKENS)),
         _audit(attributes.get(AUDIT, "false")),
     )
+
+
+def without_tokens(context: Mapping[str, str]) -> dict[str, str]:
+    """A volume context without kubelet's tokens: what is compared and recorded of it."""
+    return {k: v for k, v in context.items() if k != TOKENS}
+
+
+def volume_mount_group(fs_group: int | None) -> str:
+    """The `volume_mount_group` kubelet sends for a pod's fsGroup (none: empty)."""
+    return "" if fs_group is None else str(fs_group)
 
 
 def _audit(value: str) -> bool:

@@ -56,7 +56,15 @@ import trio
 
 from fusevol.base.errors import FusevolError
 from fusevol.csi import state
-from fusevol.csi.attributes import Code, CsiError, Publication, parse, target_made, unique_name
+from fusevol.csi.attributes import (
+    Code,
+    CsiError,
+    Publication,
+    parse,
+    target_made,
+    unique_name,
+    volume_mount_group,
+)
 from fusevol.csi.pods import bare_pod, known_pod, pod_of
 from fusevol.csi.preparing import Preparer, csi_volume
 from fusevol.csi.tokens import delete_tokens, put_tokens, requests_tokens, token_projections
@@ -515,7 +523,9 @@ class CsiNode:
 
 
 def _record(publication: Publication) -> state.Record:
-    group = "" if publication.fs_group is None else str(publication.fs_group)
     return state.Record(
-        publication.volume_id, str(publication.target), dict(publication.attributes), group
+        publication.volume_id,
+        str(publication.target),
+        dict(publication.attributes),
+        volume_mount_group(publication.fs_group),
     )

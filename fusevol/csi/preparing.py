@@ -48,7 +48,6 @@ from fusevol.csi.attributes import (
     POD_NAMESPACE,
     POD_UID,
     SERVICE_ACCOUNT,
-    TOKENS,
     Code,
     CsiError,
     Publication,
@@ -56,6 +55,8 @@ from fusevol.csi.attributes import (
     target,
     unique_name,
     volume_handle,
+    volume_mount_group,
+    without_tokens,
 )
 from fusevol.csi.tokens import token_projections
 from fusevol.model import CSIVolumeSource, Kind, Pod, referenced_objects
@@ -98,12 +99,10 @@ def _requested(
 ) -> bool:
     """Whether a request says what the `expected` one said (`Publication.attributes`: the
     volume context without kubelet's tokens)."""
-    attributes = expected.attributes
     return (
         target_path == str(expected.target)
-        and mount_group == ("" if expected.fs_group is None else str(expected.fs_group))
-        and len(context) - (TOKENS in context) == len(attributes)
-        and all(context.get(key) == value for key, value in attributes.items())
+        and mount_group == volume_mount_group(expected.fs_group)
+        and without_tokens(context) == expected.attributes
     )
 
 
@@ -357,7 +356,7 @@ class Preparer:
                 volume_id=volume_handle(pod.uid, volume.name),
                 target_path=str(target(self._kubelet_dir, pod.uid, volume.name)),
                 context=context,
-                volume_mount_group="" if pod.fs_group is None else str(pod.fs_group),
+                volume_mount_group=volume_mount_group(pod.fs_group),
                 kubelet_dir=self._kubelet_dir,
                 made=False,
             )
