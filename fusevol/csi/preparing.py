@@ -25,8 +25,11 @@ differs (another fsGroup, say), one whose tokens come with the publish, a source
 the pod (the pod's token comes with the publish: `prepare` is off), a volume whose preparation
 failed (its publish says why), a republish. A publish that finds its volume's bind being made
 by another call answers ABORTED, as the CSI spec says of an operation in progress for a volume.
-A prepared volume whose pod leaves the store, or is replaced (another uid), is released: its
-subtree goes with its last user.
+A prepared volume whose pod leaves the store, is replaced (another uid) or begins to stop (it
+is being deleted, or has finished: kubelet publishes nothing more for it), is released: its
+subtree goes with its last user. A stopping pod's volumes are never prepared: after kubelet
+unpublished them, the pod's next updates (its last status, a finished Job's pod kept for days)
+must not serve them again.
 
 Excludes: the publish itself (`node`), what a request says (`attributes`).
 """
@@ -237,7 +240,7 @@ class Preparer:
                 for key in changed:
                     if key.kind is not Kind.POD:
                         objects.add(key)
-                    elif (pod := self._store.get(key, Pod)) is not None:
+                    elif (pod := self._store.get(key, Pod)) is not None and not pod.stopping:
                         for volume, source in _ours(pod):
                             self._consider(pod, volume, source)
                 if objects:
@@ -421,9 +424,10 @@ class Preparer:
             log.warning("csi volume: objects not read volume=%s error=%s", name, exc)
 
     def _current(self, key: ObjectKey, uid: PodUID) -> bool:
-        """The store still holds the pod `uid` at `key`."""
+        """The store still holds the pod `uid` at `key`, and kubelet may still publish its
+        volumes: it is not stopping (`Pod.stopping`)."""
         stored = self._store.get(key, Pod)
-        return stored is not None and stored.uid == uid
+        return stored is not None and stored.uid == uid and not stored.stopping
 
 
 def csi_volume(name: UniqueVolumeName, publication: Publication, pod: Pod) -> CsiVolume:

@@ -298,6 +298,7 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
     metadata = header.metadata
     spec = r.mapping(document.get("spec"), "spec")
     security = r.mapping(spec.get("securityContext"), "spec.securityContext")
+    status = r.mapping(document.get("status"), "status")
     volumes = parse_volumes(r, spec.get("volumes"))
     names = frozenset(volume.name for volume in volumes)
     uid = _uid(r, metadata.get("uid")) or str(
@@ -324,6 +325,8 @@ def _pod(r: Reader, *, document: Mapping[object, object], header: _Header) -> mo
         service_account_name=r.term(spec.get("serviceAccountName"), "spec.serviceAccountName")
         or r.term(spec.get("serviceAccount"), "spec.serviceAccount")
         or "default",
+        deleting=metadata.get("deletionTimestamp") is not None,
+        finished=r.string(status.get("phase"), "status.phase") in model.TERMINAL_PHASES,
         origin=r.origin,
     )
 

@@ -56,6 +56,9 @@ UniqueVolumeName = NewType("UniqueVolumeName", str)
 ResourceVersion = NewType("ResourceVersion", str)
 """`metadata.resourceVersion`: opaque, compared only for equality."""
 
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+"""The pod phases a pod never leaves: its containers have stopped, and none starts again."""
+
 
 class Kind(enum.Enum):
     """The kinds of object a source delivers."""
@@ -184,6 +187,11 @@ class Pod:
     """`spec.securityContext.runAsUser`: the default for containers that set none."""
     service_account_name: str = "default"
     """`spec.serviceAccountName` (API default "default"): whose tokens the pod's volumes get."""
+    deleting: bool = False
+    """`metadata.deletionTimestamp` is set: kubelet is stopping the pod's containers."""
+    finished: bool = False
+    """`status.phase` is Succeeded or Failed (`TERMINAL_PHASES`): its containers have stopped,
+    and none starts again."""
     origin: str = field(default="", compare=False)
     """Where the pod was read, for error lines: its manifest file; empty from the API server.
     Not part of the pod's content: moving a pod to another file changes nothing."""
@@ -191,6 +199,12 @@ class Pod:
     @property
     def key(self) -> ObjectKey:
         return ObjectKey(Kind.POD, self.namespace, self.name)
+
+    @property
+    def stopping(self) -> bool:
+        """kubelet starts nothing more for the pod, volumes included: it is being deleted, or
+        has finished (kubelet's `ShouldPodContainersBeTerminating`)."""
+        return self.deleting or self.finished
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,11 @@ node for it (`volume.kubernetes.io/selected-node`: its pod gets a node once it i
 whose PV is recorded already (the Kubernetes source: created, the PV controller's binding not seen
 yet) is not collected again.
 
+A pod that has finished (`status.phase` Succeeded or Failed: its containers have stopped and
+none starts again) has its volumes torn down as if it were gone, while the API server keeps it
+(a Job's pods, until they are deleted): kubelet's own unmounts them then
+(`findAndRemoveDeletedPods`, unless `--keep-terminated-pod-volumes`).
+
 CSI volumes (`DesiredState.set_csi`, from kubelet's NodePublishVolume) are resolved again on
 every pass with the current copy of their pod, so downward API files follow it; a pod gone from
 the store keeps its last copy until kubelet unpublishes. With `pod_volumes=False` (CSI mode: the
@@ -178,13 +183,15 @@ class Populator:
         """One full pass. Cheap when nothing changed; idempotent."""
         synced = self._store.synced
         self._to_provision = {}
-        pods = {pod.uid: self._accept(pod) for pod in self._store.pods()}
+        pods = {pod.uid: self._accept(pod) for pod in self._store.pods() if not pod.finished}
         self._accepted = {uid: self._accepted[uid] for uid in pods if uid in self._accepted}
         for pod in self._desired.pods():
             if pod.uid not in pods:
                 self._resolved.pop(pod.uid, None)
                 self._desired.delete_pod(pod.uid)
-                log.info("pod removed pod=%s/%s uid=%s", pod.namespace, pod.name, pod.uid)
+                stored = self._store.get(pod.key, Pod)
+                gone = "finished" if stored is not None and stored.uid == pod.uid else "removed"
+                log.info("pod %s pod=%s/%s uid=%s", gone, pod.namespace, pod.name, pod.uid)
         if self._annotations is not None:
             if synced:  # before, a pod not delivered yet is not gone
                 # A CSI volume's pod lives as long as kubelet's volume does, in the store or

@@ -143,6 +143,53 @@ def test_a_volume_prepared_for_a_pod_that_goes_before_its_publish_is_released(
         wait_for(lambda: agent.live_statistics()["publisher"]["volumes"] == before)
 
 
+def test_a_stopping_pod_has_nothing_prepared_and_what_was_is_released(
+    api: ApiServer, csi_agent: Callable[..., Any]
+) -> None:
+    """kubelet publishes nothing more for a pod being deleted or finished (it stops the pod's
+    containers instead). A volume prepared for a pod deleted before its publish is released at
+    once, and a finished pod whose volume kubelet unpublished is never prepared again, however
+    often it changes afterwards (a Job's pod, kept until someone deletes it: the job
+    controller takes its finalizer away, a label changes)."""
+    api.create({"kind": "ConfigMap", "metadata": {"name": "solo"}, "data": {"a": "1"}})
+    api.create({"kind": "ConfigMap", "metadata": {"name": "other"}, "data": {"a": "1"}})
+    solo = csi_volume("config", configMap="solo")
+    own = csi_volume("config", volume='{"configMap": {"name": "solo", "defaultMode": 256}}')
+    with csi_agent() as (agent, kubelet):
+        before = agent.live_statistics()["publisher"]["volumes"]
+        api.create(pod("early", "dddddddd-0000-4000-8000-000000000011", volumes=[solo]))
+        wait_for(lambda: csi_statistics(agent)["prepared"] == 1)
+        api.delete("Pod", "default", "early", grace_period_s=30)
+        assert api.get("Pod", "default", "early") is not None  # being deleted
+        wait_for(lambda: csi_statistics(agent)["prepared"] == 0)
+        wait_for(lambda: agent.live_statistics()["publisher"]["volumes"] == before)
+        # A running pod keeps the job's ConfigMap read; the job's volume has a subtree of its
+        # own (another mode).
+        api.create(pod("keeper", "dddddddd-0000-4000-8000-000000000012", volumes=[solo]))
+        job = api.create(pod("job", volumes=[own], restartPolicy="Never"))
+        wait_for(lambda: csi_statistics(agent)["prepared"] == 2)
+        assert (kubelet.publish(job, "config") / "a").read_text() == "1"
+        job["status"] = {"phase": "Succeeded"}
+        job = api.update(job)
+        kubelet.unpublish(job, "config")
+        publishes = agent.live_statistics()["publisher"]["publishes"]
+        job["metadata"]["labels"]["done"] = "yes"
+        api.update(job)
+        # A pod created after the job's last change is prepared after that change was seen.
+        later = pod(
+            "later",
+            "dddddddd-0000-4000-8000-000000000013",
+            volumes=[csi_volume("config", configMap="other")],
+        )
+        api.create(later)
+        wait_for(lambda: csi_statistics(agent)["prepared"] >= 2)
+        agent.wait_reconciled()
+        assert csi_statistics(agent) == {"published": 0, "prepared": 2, "prepared_publishes": 1}
+        publisher = agent.live_statistics()["publisher"]
+        assert publisher["volumes"] == before + 2  # the keeper's and the later pod's
+        assert publisher["publishes"] == publishes + 1  # and nothing was served for the job
+
+
 def test_a_publish_unlike_the_prepared_volume_takes_the_publish_path(
     api: ApiServer, csi_agent: Callable[..., Any], kubelet_dir: Path
 ) -> None:

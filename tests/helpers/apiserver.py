@@ -25,7 +25,9 @@ CA in the kubeconfig. What the agent uses is implemented as the API server does 
 - PersistentVolumes: POST (409 AlreadyExists if the name exists) and DELETE (the object goes at
   once: the `kubernetes.io/pv-protection` finalizer, which keeps a Bound PV, is not modelled);
 - objects stored as kube-apiserver v1.28 stores them: defaulted, quantities canonical
-  (`tests/helpers/defaults.py`; admission plugins are not modelled);
+  (`tests/helpers/defaults.py`; admission plugins are not modelled); a pod created is Pending
+  (`status.phase`, whatever status was sent; its `qosClass` is not modelled), and a graceful
+  deletion of a pod (`delete(grace_period_s=...)`) sets its `deletionTimestamp` and keeps it;
 - authentication as kube-apiserver's union of authenticators, the client certificate first (a
   connection that presented one is that user, whatever bearer token it sends, as with
   `--client-ca-file`: CN the user, O the groups), then bearer tokens: the agent's `TOKEN`, the
@@ -312,6 +314,8 @@ class ApiServer:
             meta.setdefault("uid", str(uuid.uuid4()))
             meta.setdefault("creationTimestamp", _now())
             obj.setdefault("apiVersion", _api_version(resource))
+            if resource == "pods":  # the pod strategy's PrepareForCreate: a status of its own
+                obj["status"] = {"phase": "Pending"}
             created = self._commit("ADDED", resource, namespace, name, _normalize(obj))
             self._controllers()
             return created
@@ -341,13 +345,28 @@ class ApiServer:
             exists = (resource, namespace, name) in self._objects
         return self.update(obj) if exists else self.create(obj)
 
-    def delete(self, kind: str, namespace: str, name: str) -> None:
+    def delete(self, kind: str, namespace: str, name: str, *, grace_period_s: int = 0) -> None:
+        """The object goes at once, as with kubelet's last delete of a pod (or `--force`).
+        `grace_period_s` > 0, for a pod bound to a node and not finished: a graceful deletion,
+        as kube-apiserver makes it (`metadata.deletionTimestamp` and
+        `deletionGracePeriodSeconds` set, a MODIFIED event); the pod stays until deleted again
+        with none (kubelet's, once its containers have stopped)."""
         resource = RESOURCE_OF[kind]
         namespace = "" if resource in CLUSTER else namespace
         with self._cond:
-            old = self._objects.pop((resource, namespace, name), None)
+            old = self._objects.get((resource, namespace, name))
             if old is None:
                 raise ApiError(404, "NotFound", f'{resource} "{name}" not found')
+            if grace_period_s > 0 and resource == "pods" and _graceful(old):
+                meta = copy.deepcopy(old["metadata"])
+                if "deletionTimestamp" not in meta:  # a second one shortens it: not modelled
+                    moment = datetime.datetime.now(datetime.UTC)
+                    moment += datetime.timedelta(seconds=grace_period_s)
+                    meta["deletionTimestamp"] = _rfc3339(moment)
+                    meta["deletionGracePeriodSeconds"] = grace_period_s
+                    self._commit("MODIFIED", resource, namespace, name, {**old, "metadata": meta})
+                return
+            del self._objects[(resource, namespace, name)]
             self._commit("DELETED", resource, namespace, name, old)
             self._controllers()
 
@@ -999,6 +1018,13 @@ def _merge(old: Obj, patch: Obj) -> Obj:
         else:
             merged[key] = value
     return merged
+
+
+def _graceful(pod: Obj) -> bool:
+    """kube-apiserver's pod strategy (`CheckGracefulDelete`): a pod not bound to a node, or
+    finished, goes at once."""
+    phase = (pod.get("status") or {}).get("phase")
+    return bool(pod["spec"].get("nodeName")) and phase not in ("Succeeded", "Failed")
 
 
 def _rfc3339(moment: datetime.datetime) -> str:

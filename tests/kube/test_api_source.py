@@ -100,6 +100,44 @@ def test_a_status_update_changes_nothing_and_a_label_reaches_the_downward_api(
         assert agent.live_statistics()["store"]["generation"] == before + 1
 
 
+def test_a_finished_pods_volumes_are_torn_down_while_the_api_server_keeps_it(
+    api: ApiServer, kube_agent: Callable[..., Any]
+) -> None:
+    """kubelet unmounts the volumes of a pod that has finished (Succeeded or Failed: its
+    containers have stopped, and none starts again) while the API server keeps the pod, as it
+    keeps a Job's until someone deletes it. A pod sharing the object serves on, and follows its
+    edits; the finished pod's objects are watched no more once no served pod needs them."""
+    api.create(configmap("app", {"a": "1"}))
+    api.create(configmap("report", {"r": "1"}))
+    job = api.create(
+        pod(
+            "job",
+            OTHER_UID,
+            restartPolicy="Never",
+            volumes=[configmap_volume("config", "app"), configmap_volume("report", "report")],
+        )
+    )
+    api.create(pod(volumes=[configmap_volume("config", "app")]))
+    with kube_agent() as agent:
+        done = agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "config"))
+        agent.wait_mounted(agent.volume(OTHER_UID, "configmap", "report"))
+        served = agent.wait_mounted(agent.volume(UID, "configmap", "config"))
+        job["status"] = {"phase": "Running", "podIP": "10.0.0.8"}
+        job = api.update(job)
+        agent.wait_reconciled()
+        assert read(done / "a") == "1"  # running: served as before
+        job["status"] = {"phase": "Succeeded", "podIP": "10.0.0.8"}
+        api.update(job)
+        wait_for(lambda: not agent.volume(OTHER_UID, "configmap", "config").exists())
+        wait_for(lambda: not agent.volume(OTHER_UID, "configmap", "report").exists())
+        assert api.get("Pod", "default", "job") is not None
+        assert "pod finished pod=default/job" in agent.log_text()
+        assert str(served) in mounts_below(agent.root)
+        wait_for(lambda: [w[2] for w in api.open_watches("configmaps")] == ["metadata.name=app"])
+        api.update(configmap("app", {"a": "2"}))
+        wait_for(lambda: read(served / "a") == "2", timeout_s=5)
+
+
 def test_a_watch_cut_mid_event_resumes_without_relisting(
     api: ApiServer, kube_agent: Callable[..., Any]
 ) -> None:

@@ -321,6 +321,33 @@ def test_a_captured_pod_decodes_with_every_volume_valid_and_serves_as_sent(
     assert served == _served(_decode(sent))
 
 
+@pytest.mark.parametrize(
+    ("phase", "deletion", "finished", "deleting"),
+    [
+        pytest.param(None, None, False, False, id="as-created"),
+        pytest.param("Running", None, False, False, id="running"),
+        pytest.param("Succeeded", None, True, False, id="succeeded"),
+        pytest.param("Failed", None, True, False, id="failed"),
+        pytest.param("Running", "2026-11-30T12:00:30Z", False, True, id="being-deleted"),
+        pytest.param("Unknown", None, False, False, id="unknown"),
+    ],
+)
+def test_a_captured_pod_says_whether_it_is_stopping(
+    phase: str | None, deletion: str | None, finished: bool, deleting: bool
+) -> None:
+    """Whether kubelet starts anything more for a pod: its `status.phase` (Pending as created),
+    and `metadata.deletionTimestamp` (set with `deletionGracePeriodSeconds` by a graceful
+    deletion)."""
+    stored = next(c[2] for c in CAPTURED if c[0] == "configmap-secret")
+    assert stored["status"]["phase"] == "Pending"
+    metadata = dict(stored["metadata"])
+    if deletion is not None:
+        metadata.update(deletionTimestamp=deletion, deletionGracePeriodSeconds=30)
+    status = stored["status"] if phase is None else {**stored["status"], "phase": phase}
+    pod = _decode({**stored, "metadata": metadata, "status": status})
+    assert (pod.finished, pod.deleting, pod.stopping) == (finished, deleting, finished or deleting)
+
+
 def test_captured_pods_are_there() -> None:
     assert len(CAPTURED) >= 2
 

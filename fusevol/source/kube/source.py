@@ -15,6 +15,10 @@ Owns the API -> store direction when fusevol runs against a cluster:
 4. After the first complete pod list (steps 2-3 for all of them): `store.mark_synced()` and ready.
 5. Cache and Get: refetch at every sync period.
 
+A pod that has finished (`status.phase` Succeeded or Failed) has nothing tracked or requested for
+its own volumes: the populator tears them down, as kubelet unmounts a terminated pod's. Its other
+status updates (kubelet's, four or five as a pod starts) are not even converted (`_digest`).
+
 With a `KubeVolumeRecorder` (the hostpath provisioner's, `provisioned`), its list+watch of the PVs
 this node provisioned runs too and is read before (4), and the claims of those PVs stay tracked
 (and their first copy awaited before (4)) even when no pod of this node uses them: the provisioner
@@ -64,7 +68,7 @@ from fusevol.kube.documents import convert
 from fusevol.kube.events import EventRecorder
 from fusevol.kube.query import Callbacks, Query
 from fusevol.kube.reflector import Reflector
-from fusevol.model import Kind, ObjectKey, Pod
+from fusevol.model import TERMINAL_PHASES, Kind, ObjectKey, Pod
 from fusevol.source.kube.csi_volumes import CsiVolumes
 from fusevol.source.kube.identity import identify, object_trackers
 from fusevol.source.kube.objects import TrackerStatistics
@@ -276,8 +280,13 @@ class KubeSource:
 
     def _expect_csi(self, pod: Pod) -> None:
         """Track what the pod's `fusevol.io` volumes reference, as kubelet will publish them
-        (module docstring). Once per pod (a pod's volumes never change)."""
+        (module docstring). Once per pod (a pod's volumes never change), until it stops
+        (`Pod.stopping`)."""
         if self._csi_sources is None or self._pod_volumes or self._csi.read_as_pod:
+            return
+        if pod.stopping:  # kubelet publishes nothing more for it: nothing to expect
+            if self._expected.pop(pod.key, None) is not None:
+                self._csi.expect(_expecting(pod.key), set())
             return
         if self._expected.get(pod.key) == pod.uid:
             return
@@ -303,13 +312,13 @@ class KubeSource:
         self._pods.update(keyed)
         # (2) The claims first: the volumes they are bound to are known once they are read.
         ensured: set[ObjectKey] = set()
-        while wanted := self._references(changed if self._pod_volumes else ()) - ensured:
+        while wanted := self._references(self._served(changed)) - ensured:
             self._objects.set_wanted(self._wanted())
             await self._objects.ensure(wanted, timeout_s=REFERENCE_TIMEOUT_S)
             ensured |= wanted
         self._objects.set_wanted(self._wanted())
         if self._pod_volumes:
-            await self.tokens.ensure(changed)
+            await self.tokens.ensure(self._served(changed))
         # (3)
         for key, pod in keyed:
             self._store.upsert(pod, key)
@@ -366,8 +375,7 @@ class KubeSource:
     def _token_users(self) -> list[Pod]:
         """The pods whose projections get tokens here: this node's pods with their own volumes
         (not under CSI), and the CSI volumes' whose tokens kubelet did not pass."""
-        pods = list(self._pods.values()) if self._pod_volumes else []
-        return [*pods, *self._csi.token_pods()]
+        return [*self._served(self._pods.values()), *self._csi.token_pods()]
 
     def _claim_changed(self) -> None:
         """A claim was bound (or rebound), or the PVs provisioned here changed: track the volume
@@ -378,14 +386,18 @@ class KubeSource:
     def _wanted(self) -> set[ObjectKey]:
         """Everything to track: the pods' references, the claims of the PVs provisioned here, the
         claims selected for this node (and what they reference)."""
-        pods = self._pods.values() if self._pod_volumes else ()
-        keys = self._references(pods) | self._csi.referenced()
+        keys = self._references(self._served(self._pods.values())) | self._csi.referenced()
         if self._recorder is not None:
             keys |= self._recorder.claim_keys()
         if self._selected is not None:
             for key in self._selected.keys:
                 keys |= self._claim_references(key)
         return keys
+
+    def _served(self, pods: Iterable[Pod]) -> list[Pod]:
+        """Those of `pods` whose own volumes are served here: none under CSI, and never a
+        finished pod's (the populator tears them down)."""
+        return [pod for pod in pods if not pod.finished] if self._pod_volumes else []
 
     def _references(self, pods: Iterable[Pod]) -> set[ObjectKey]:
         return pod_references(pods, store=self._store, as_node=self.node_identity is not None)
@@ -402,15 +414,17 @@ class KubeSource:
 
 
 def _digest(raw: Obj) -> bytes:
-    """What a pod's conversion reads (its metadata and spec), without what changes with every
-    update of its status: kubelet updates a starting pod's status four or five times, each a
-    conversion of the whole pod, a store change and a reconciler pass that changed nothing, in
-    the middle of the pod's set-up (a burst of 20 pods: a hundred of them). The pod as stored
-    keeps the resourceVersion of its last change that counts."""
+    """What a pod's conversion reads (its metadata and spec, whether it has finished), without
+    what changes with every update of its status: kubelet updates a starting pod's status four
+    or five times, each a conversion of the whole pod, a store change and a reconciler pass that
+    changed nothing, in the middle of the pod's set-up (a burst of 20 pods: a hundred of them).
+    The pod as stored keeps the resourceVersion of its last change that counts."""
     metadata = raw.get("metadata")
     if isinstance(metadata, dict):
         metadata = {k: v for k, v in metadata.items() if k not in _VOLATILE}
-    text = json.dumps([metadata, raw.get("spec")], sort_keys=True, default=str)
+    status = raw.get("status")
+    finished = isinstance(status, dict) and status.get("phase") in TERMINAL_PHASES
+    text = json.dumps([metadata, raw.get("spec"), finished], sort_keys=True, default=str)
     return hashlib.blake2b(text.encode(), digest_size=16).digest()
 
 
