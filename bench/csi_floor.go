@@ -2,7 +2,7 @@
 // target, served by grpc-go as the CSI sidecars and most drivers are. Beside the Python floor
 // it says what kubelet's CSI calls cost a driver whose gRPC server is not Python's: on the
 // cluster kit (kubelet v1.28, lone pods with 4 volumes), a pod's mounts through it took about
-// what kubelet's own volumes take (README, "Limits (today)").
+// what kubelet's own volumes take (docs/performance.md, "CSI volumes").
 //
 // Not built by CI (it needs grpc-go and the CSI spec's Go package): on the cluster kit, put it
 // in a directory of Kubernetes v1.28's source tree, whose vendor/ holds both, and

@@ -11,8 +11,8 @@ converted volume costs beyond it is fusevol's own work. On the cluster kit the s
 host process registered as a second driver) took 8.3 ms from a pod's first mount started to its
 last set up (4 volumes), against 4.7 ms with kubelet's own volumes, 5.7 ms through the same
 floor in Go (`bench/csi_floor.go`) and 11.1 ms through fusevol, whose publishes of prepared
-volumes are one bind in gRPC's thread (medians of 15 lone pods each, interleaved: README,
-"Limits (today)").
+volumes are one bind in gRPC's thread (medians of 15 lone pods each, interleaved:
+docs/performance.md, "CSI volumes").
 
     .venv/bin/python bench/csi_floor.py SOCKET SOURCE     (root: binds; serves until killed)
 """
