@@ -14,17 +14,30 @@ if TYPE_CHECKING:
 
 
 def replace_file(path: Path, data: bytes, *, mode: int = 0o600, fsync: bool = False) -> None:
-    """Write `data` to `path` atomically: a temporary file beside it (created anew with `mode`,
-    less the umask), then a rename over `path`; a reader sees the old file or the new one, never
-    part of either. With `fsync` the data is on disk before the rename (state that must survive
-    a crash of the node, not only of the agent). Creates `path`'s directory if missing.
+    """Write `data` to `path` atomically: a temporary file beside it (`write_aside`), then a
+    rename over `path`; a reader sees the old file or the new one, never part of either. With
+    `fsync` the data is on disk before the rename (state that must survive a crash of the node,
+    not only of the agent). Creates `path`'s directory if missing.
 
     Each call has a temporary file of its own, so that writers at once (threads, or two
     generations of the agent) never take each other's: the last rename wins. Which state that is
     is the callers' to order (`fusevol.csi.node` has one writer at a time).
 
-    Four system calls when the directory exists (open, write, close, rename): a CSI publish
-    writes its record in gRPC's thread, where each one may wait for the GIL."""
+    Four system calls when the directory exists (open, write, close, rename)."""
+    tmp = write_aside(path, data, mode=mode, fsync=fsync)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+
+
+def write_aside(path: Path, data: bytes, *, mode: int = 0o600, fsync: bool = False) -> Path:
+    """`data` in a new file beside `path`, `.<name>.<random>.tmp` (created with `mode`, less the
+    umask; `path`'s directory made if missing, mode 0700): what `replace_file` renames over
+    `path`, or its caller later (`fusevol.csi.state.stage`). Removed again if it cannot be
+    written whole."""
     tmp = path.with_name(f".{path.name}.{random.getrandbits(64):016x}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
     try:
@@ -41,11 +54,11 @@ def replace_file(path: Path, data: bytes, *, mode: int = 0o600, fsync: bool = Fa
                 os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
+    return tmp
 
 
 def unlink_if_same(path: str | os.PathLike[str], inode: int) -> None:

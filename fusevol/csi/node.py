@@ -27,11 +27,11 @@ outside it (below), and the reconciler takes the volume over at once. A publish:
        retries, and the volume appears as soon as its object does); a timeout keeps it (kubelet
        then holds the volume as uncertain, and unpublishes it in any case).
 A volume prepared when its pod arrived (`preparing`), whose request is the one it was prepared
-for, is published in gRPC's thread instead: its record written and its bind made there
-(`publish_prepared`), and adopted by the trio thread right after, before any later call of
-kubelet's is served (`adopt_published`): desired state, actual state and mount table as a set-up
-leaves them, counted as a mount. Steps 1 to 5, the publish path, start by releasing whatever was
-prepared for the volume (the set-up there serves it anew).
+for, is published in gRPC's thread instead: its record (written ahead, `state.stage`) renamed
+into place and its bind made there (`publish_prepared`), and adopted by the trio thread right
+after, before any later call of kubelet's is served (`adopt_published`): desired state, actual
+state and mount table as a set-up leaves them, counted as a mount. Steps 1 to 5, the publish
+path, start by releasing whatever was prepared for the volume (the set-up there serves it anew).
 A forgotten volume is in no state the reconciler reports, so the failed publishes of each are
 counted here (`failing`: `fusevol_volume_failures`, operation mount) until one succeeds, kubelet
 unpublishes it, or its pod is gone (kubelet never unpublishes a volume it never mounted).
@@ -200,6 +200,7 @@ class CsiNode:
                 track=self._track,
                 resolve=resolve,
                 published=self._published.__contains__,
+                stage=self._stage,
             )
             if prepare
             else None
@@ -328,7 +329,7 @@ class CsiNode:
             self._preparer_of().preparations.unclaim(prepared)
             return False  # the publish path says what is wrong with it
         try:
-            self._write(publication)
+            self._commit(prepared)
             device = prepared.served.bind()
         except Exception as exc:
             log.info("csi prepared publish failed volume=%s: %s", publication.volume_id, exc)
@@ -510,6 +511,26 @@ class CsiNode:
         refuses a publish that would change either)."""
         self._published[publication.volume_id] = publication
         self._targets[publication.target] = publication.volume_id
+
+    def _stage(self, publication: Publication) -> Path | None:
+        """A prepared volume's record, written ahead on the trio thread (`state.stage`); None if
+        it cannot be (its publish then writes it, and says what fails)."""
+        try:
+            return state.stage(self._records, _record(publication))
+        except OSError as exc:
+            log.debug("csi record not staged volume=%s: %s", publication.volume_id, exc)
+            return None
+
+    def _commit(self, prepared: Prepared) -> None:
+        """In gRPC's thread: record a claimed volume, by renaming its staged record into place
+        (one system call), else by writing it (`_write`)."""
+        publication = prepared.publication
+        staged, prepared.staged = prepared.staged, None
+        if staged is not None:
+            with contextlib.suppress(FileNotFoundError):  # removed meanwhile: written anew
+                state.commit(staged, self._records, publication.volume_id)
+                return
+        self._write(publication)
 
     def _write(self, publication: Publication) -> None:
         """Record a published volume: its own file (`state`), so that the publishes kubelet

@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 import trio
 
 from fusevol.base.errors import FusevolError
+from fusevol.csi import state
 from fusevol.csi.attributes import (
     DRIVER,
     EPHEMERAL,
@@ -95,6 +96,8 @@ class Prepared:
     claimed: bool = False
     """A publish is making its bind (gRPC's thread), or made it and the trio thread has yet to
     adopt it: no one else may use or release it."""
+    staged: Path | None = None
+    """Its publish's record, written ahead (`state.stage`): the publish renames it into place."""
 
 
 def _requested(
@@ -205,9 +208,11 @@ class Preparer:
         track: Tracker,
         resolve: Callable[[CsiVolume], VolumeToServe],
         published: Callable[[str], bool],
+        stage: Callable[[Publication], Path | None] = lambda _: None,
     ) -> None:
         """`resolve`: a CSI volume as the populator resolves it; `published(volume id)`: kubelet
-        published it already (nothing to prepare)."""
+        published it already (nothing to prepare); `stage(publication)`: its record written
+        ahead (`state.stage`), None if it was not."""
         self.preparations = Preparations(store.get)
         self._store = store
         self._volumes = volumes
@@ -215,6 +220,7 @@ class Preparer:
         self._track = track
         self._resolve = resolve
         self._published = published
+        self._stage = stage
         self._nursery: trio.Nursery | None = None
         self._preparing: dict[str, trio.Event] = {}
         """The volume ids being prepared, or released to be prepared again: set once their task
@@ -311,6 +317,7 @@ class Preparer:
             if not self._current(pod.key, pod.uid):
                 await self._unprepare(prepared)  # gone meanwhile
                 return
+            prepared.staged = self._stage(publication)
             self.preparations.add(prepared)
         except Exception:  # a bug: this volume is not prepared, and nothing else changes
             log.exception("csi volume not prepared volume=%s", volume_id)
@@ -399,7 +406,11 @@ class Preparer:
         self._publishing.discard(volume_id)
 
     async def _unprepare(self, prepared: Prepared) -> None:
-        """Release a prepared volume; never raises (a subtree not removed is logged)."""
+        """Release a prepared volume, and its staged record; never raises (a subtree not removed
+        is logged)."""
+        if prepared.staged is not None:
+            state.discard(prepared.staged)
+            prepared.staged = None
         try:
             await self._volumes.unprepare(prepared.volume)
         except Exception:

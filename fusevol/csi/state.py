@@ -4,7 +4,8 @@ that a restarted agent serves them again: kubelet does not publish again after a
 Each record is what kubelet sent, minus the secret material: volume id, target path, the volume
 context without `csi.storage.k8s.io/serviceAccount.tokens`, and the volume mount group. Tokens
 are never written: after a restart they come back with kubelet's next republish. A record is
-written atomically (write, rename), mode 0600, in a directory of mode 0700.
+written atomically (write, rename), mode 0600, in a directory of mode 0700; a volume prepared
+before its publish has it written ahead and renamed into place by the publish (`stage`).
 
 One file per volume, as kubelet keeps a `vol_data.json` per CSI volume: a publish writes its own
 record and an unpublish removes it, so the publishes of a burst (kubelet makes them at once)
@@ -30,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from fusevol.base.fsutil import replace_file
+from fusevol.base.fsutil import replace_file, write_aside
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
@@ -53,8 +54,26 @@ class Record:
 
 def save(directory: Path, record: Record) -> None:
     """Write `record` as its volume's file (replacing the one it had)."""
-    text = json.dumps(_entry(record), indent=1, sort_keys=True)
-    replace_file(_path(directory, record.volume_id), text.encode(), mode=0o600)
+    replace_file(_path(directory, record.volume_id), _text(record), mode=0o600)
+
+
+def stage(directory: Path, record: Record) -> Path:
+    """Write `record` beside its volume's file, under a temporary name (which `load` removes):
+    `commit` then makes it the volume's record in one rename. A volume prepared before its
+    publish has its record staged on the trio thread, and committed in gRPC's thread: one
+    system call where each may wait for the GIL, not four."""
+    return write_aside(_path(directory, record.volume_id), _text(record), mode=0o600)
+
+
+def commit(staged: Path, directory: Path, volume_id: str) -> None:
+    """Make a `stage`d record its volume's; FileNotFoundError if it is gone."""
+    os.replace(staged, _path(directory, volume_id))
+
+
+def discard(staged: Path) -> None:
+    """Remove a `stage`d record never committed; no-op if it is gone."""
+    with contextlib.suppress(FileNotFoundError):
+        staged.unlink()
 
 
 def remove(directory: Path, volume_id: str) -> None:
@@ -111,6 +130,10 @@ def _path(directory: Path, volume_id: str) -> Path:
     if not _NAME.fullmatch(name):
         raise ValueError(f"volume id {volume_id!r} is not a CSI volume handle")
     return directory / name
+
+
+def _text(record: Record) -> bytes:
+    return json.dumps(_entry(record), indent=1, sort_keys=True).encode()
 
 
 def _entry(record: Record) -> dict[str, object]:

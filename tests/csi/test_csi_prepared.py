@@ -23,6 +23,11 @@ if TYPE_CHECKING:
     from tests.helpers.apiserver import ApiServer
 
 
+def staged(root: Path) -> list[Path]:
+    """The records written ahead for prepared volumes (`fusevol.csi.state.stage`)."""
+    return sorted((root / "fusevol" / "csi").glob(".csi-*.json.*.tmp"))
+
+
 def csi_statistics(agent: AgentProcess) -> dict[str, int]:
     statistics: dict[str, int] = agent.live_statistics()["csi"]
     return statistics
@@ -52,10 +57,13 @@ def test_volumes_prepared_on_their_pods_arrival_are_published_in_one_bind_byte_f
         api.create(web)
         wait_for(lambda: csi_statistics(agent)["prepared"] == 3)
         assert mounts_below(kubelet_dir) == []  # served, bound nowhere
+        assert recorded(agent.root) == []  # their records written ahead, not made yet
+        assert len(staged(agent.root)) == 3
         config = kubelet.publish(web, "config")
         creds = kubelet.publish(web, "creds")
         info = kubelet.publish(web, "info")
         assert csi_statistics(agent) == {"published": 3, "prepared": 0, "prepared_publishes": 3}
+        assert staged(agent.root) == []  # renamed into place
         assert (config / "a").read_text() == "1"  # at once: the bind came before the answer
         for target, kind, name in (
             (config, "configmap", "ref-config"),
@@ -159,10 +167,12 @@ def test_a_stopping_pod_has_nothing_prepared_and_what_was_is_released(
         before = agent.live_statistics()["publisher"]["volumes"]
         api.create(pod("early", "dddddddd-0000-4000-8000-000000000011", volumes=[solo]))
         wait_for(lambda: csi_statistics(agent)["prepared"] == 1)
+        assert len(staged(agent.root)) == 1
         api.delete("Pod", "default", "early", grace_period_s=30)
         assert api.get("Pod", "default", "early") is not None  # being deleted
         wait_for(lambda: csi_statistics(agent)["prepared"] == 0)
         wait_for(lambda: agent.live_statistics()["publisher"]["volumes"] == before)
+        assert staged(agent.root) == []  # its record, written ahead, went with it
         # A running pod keeps the job's ConfigMap read; the job's volume has a subtree of its
         # own (another mode).
         api.create(pod("keeper", "dddddddd-0000-4000-8000-000000000012", volumes=[solo]))

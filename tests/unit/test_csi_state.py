@@ -40,6 +40,31 @@ def test_a_record_per_volume_private_and_removed_with_its_volume(tmp_path: Path)
     assert sorted(p.name for p in directory.iterdir()) == [f"{TWO}.json"]  # no temporary left
 
 
+def test_a_staged_record_is_no_record_until_committed_and_goes_if_discarded(
+    tmp_path: Path,
+) -> None:
+    """A prepared volume's record is written ahead (private, under a temporary name), becomes
+    the volume's in one rename, or goes; one a stop left staged is removed by the next load."""
+    directory = tmp_path / "csi"
+    staged = state.stage(directory, RECORDS[0])
+    assert staged.parent == directory
+    assert staged.name.startswith(f".{ONE}.json.")
+    assert stat.S_IMODE(staged.stat().st_mode) == 0o600
+    assert [p.name for p in directory.iterdir()] == [staged.name]
+    state.commit(staged, directory, ONE)
+    assert [p.name for p in directory.iterdir()] == [f"{ONE}.json"]
+    assert state.load(directory) == RECORDS[:1]
+    with pytest.raises(FileNotFoundError):
+        state.commit(staged, directory, ONE)  # committed once: gone
+    other = state.stage(directory, RECORDS[1])
+    state.discard(other)
+    state.discard(other)  # again: nothing to do
+    left = state.stage(directory, RECORDS[1])  # an agent stopped with it staged
+    assert state.load(directory) == RECORDS[:1]
+    assert not left.exists()
+    assert [p.name for p in directory.iterdir()] == [f"{ONE}.json"]
+
+
 def test_a_volume_id_that_is_not_a_handle_names_no_file(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a CSI volume handle"):
         state.save(tmp_path, state.Record("../csi-x", "/t", {}))
